@@ -1,0 +1,60 @@
+"""What ``anychip devices`` reports: each registered device's status, size and capabilities."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from .plugins import registry
+from .runtime.errors import AnychipError
+from .runtime.open import open_runtime, require_hardware
+from .runtime.device import Device
+
+
+@dataclass
+class DeviceInfo:
+    name: str
+    status: str          # "hardware", "simulated" or "unavailable"
+    reason: str          # why simulated or unavailable ("" for hardware)
+    description: str
+    model: str
+    count: int
+    memory_bytes: int
+    dtypes: tuple[str, ...]
+    kernels: int
+    plugin: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def describe(name: str) -> DeviceInfo:
+    reg = registry()
+    spec = reg.spec(name)
+    base = dict(name=name, description=spec.description, kernels=reg.kernels.count(name),
+                plugin=reg.device_plugin[name])
+    try:
+        runtime = open_runtime(name)
+        if runtime.device_count == 0:
+            return DeviceInfo(status="unavailable", reason="the runtime reports 0 devices", model="",
+                              count=0, memory_bytes=0, dtypes=(), **base)
+        props = Device(runtime, 0).properties
+    except (AnychipError, OSError, ValueError) as exc:
+        return DeviceInfo(status="unavailable", reason=str(exc), model="", count=0, memory_bytes=0,
+                          dtypes=(), **base)
+    status = "simulated" if props.simulated else "hardware"
+    reason = spec.note
+    if props.simulated and require_hardware():
+        reason = "refused: ANYCHIP_REQUIRE_HARDWARE=1 and this device is simulated. " + reason
+    return DeviceInfo(status=status, reason=reason, model=props.name, count=runtime.device_count,
+                      memory_bytes=props.total_memory, dtypes=props.dtypes, **base)
+
+
+def describe_all() -> list[DeviceInfo]:
+    reg = registry()
+    infos = [describe(name) for name in sorted(reg.devices, key=lambda n: (n != "cpu", n))]
+    for problem in reg.problems:
+        infos.append(DeviceInfo(name=problem.plugin, status="unavailable",
+                                reason=f"plugin failed: {problem.reason}", description="(plugin)",
+                                model="", count=0, memory_bytes=0, dtypes=(), kernels=0,
+                                plugin=problem.plugin))
+    return infos

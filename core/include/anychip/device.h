@@ -1,0 +1,241 @@
+/*
+ * anychip/device.h -- the device runtime contract between anychip and a chip plugin.
+ *
+ * This header is the whole contract: a vendor implements a device from it alone, with no
+ * Paddle (or any framework) header. anychip's Python runtime (`anychip.runtime`) and its
+ * Paddle bridge both drive a device only through the table below.
+ *
+ * How a plugin is loaded
+ *   1. anychip dlopen()s the plugin's shared library and looks up its entry symbol
+ *      (by default `anychip_device_init`, type `AnychipDeviceInitFn`).
+ *   2. The caller zero-fills an AnychipDeviceInterface, sets `struct_size`, and calls the entry
+ *      with an options string ("key=value;key=value", possibly empty) taken from the plugin's
+ *      Python registration. One library may be initialised several times (the simulator backs
+ *      four chips this way); each call returns an independent `runtime` instance.
+ *   3. The plugin fills `abi_version`, `runtime` and every function pointer it implements.
+ *      Pointers marked OPTIONAL may stay NULL; the caller then uses the stated default.
+ *   4. The caller calls `initialize` once before anything else and `finalize` once at the end.
+ *
+ * Conventions (they hold for every function unless its comment says otherwise)
+ *   - Every function returns an AnychipStatus. On failure it must also leave a short, exact,
+ *     human-readable message for `last_error` (e.g. "npu:0 out of memory: requested 4096 bytes,
+ *     1024 free of 65536"). Messages name the argument that was wrong.
+ *   - Every function is thread-safe: callers may use one runtime from many threads at once.
+ *   - `device` arguments are 0-based indices < device count. An index out of range returns
+ *     ANYCHIP_ERROR_INVALID_ARGUMENT; it never crashes.
+ *   - Device pointers are opaque to the host. Callers never dereference them; the only way data
+ *     moves between host and device is through the copy functions. A device pointer may point
+ *     inside an allocation (a view), and a copy range must lie within one live allocation.
+ *   - Work enqueued on one stream runs in enqueue order. Work on different streams may run
+ *     concurrently; ordering between streams is expressed only with events.
+ *   - Synchronous functions (no `_async` suffix) first wait for all work previously enqueued on
+ *     any stream of that device, then perform their operation and return when it is complete.
+ *   - Asynchronous functions only enqueue; errors found while running enqueued work are reported
+ *     by the next synchronize/query of that stream (and of the device), as with CUDA.
+ *
+ * Versioning
+ *   The struct grows only at its end (the `reserved` slots are consumed first). A caller built
+ *   against a newer header sets a larger `struct_size`; a plugin must fill only what it knows
+ *   and never write past `struct_size`. ANYCHIP_DEVICE_ABI_VERSION changes its major part only
+ *   when an existing field changes meaning; the caller rejects a plugin with another major.
+ */
+#ifndef ANYCHIP_DEVICE_H_
+#define ANYCHIP_DEVICE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ANYCHIP_DEVICE_ABI_MAJOR 1
+#define ANYCHIP_DEVICE_ABI_MINOR 0
+#define ANYCHIP_DEVICE_ABI_VERSION ((ANYCHIP_DEVICE_ABI_MAJOR << 16) | ANYCHIP_DEVICE_ABI_MINOR)
+#define ANYCHIP_DEVICE_INIT_SYMBOL "anychip_device_init"
+
+typedef enum AnychipStatus {
+  ANYCHIP_OK = 0,
+  ANYCHIP_ERROR_INVALID_ARGUMENT = 1, /* bad index, pointer, size or handle */
+  ANYCHIP_ERROR_OUT_OF_MEMORY = 2,    /* allocation larger than what is free */
+  ANYCHIP_ERROR_NOT_READY = 3,        /* query: the work is still running (not a failure) */
+  ANYCHIP_ERROR_UNSUPPORTED = 4,      /* the plugin does not implement this on this device */
+  ANYCHIP_ERROR_UNAVAILABLE = 5,      /* the hardware or vendor runtime is absent */
+  ANYCHIP_ERROR_DEVICE = 6,           /* the device (or enqueued work) failed */
+  ANYCHIP_ERROR_INTERNAL = 7          /* a bug in the plugin */
+} AnychipStatus;
+
+/* Element types, as bits of AnychipDeviceProperties.dtypes. */
+typedef enum AnychipDtype {
+  ANYCHIP_DTYPE_FLOAT32 = 0,
+  ANYCHIP_DTYPE_FLOAT16 = 1,
+  ANYCHIP_DTYPE_BFLOAT16 = 2,
+  ANYCHIP_DTYPE_FLOAT64 = 3,
+  ANYCHIP_DTYPE_INT8 = 4,
+  ANYCHIP_DTYPE_UINT8 = 5,
+  ANYCHIP_DTYPE_INT16 = 6,
+  ANYCHIP_DTYPE_INT32 = 7,
+  ANYCHIP_DTYPE_INT64 = 8,
+  ANYCHIP_DTYPE_BOOL = 9
+} AnychipDtype;
+#define ANYCHIP_DTYPE_BIT(dtype) (1ull << (dtype))
+
+/* Opaque handles, defined by the plugin. */
+typedef struct AnychipRuntime_st* AnychipRuntime;
+typedef struct AnychipStream_st* AnychipStream;
+typedef struct AnychipEvent_st* AnychipEvent;
+
+/* Called on a plugin thread when a stream reaches it; `status` is ANYCHIP_OK unless earlier work
+ * on the stream failed. It must not call back into the runtime's synchronising functions. */
+typedef void (*AnychipStreamCallback)(void* user_data, AnychipStatus status);
+
+typedef struct AnychipDeviceProperties {
+  size_t struct_size;          /* caller fills: sizeof(AnychipDeviceProperties) */
+  char name[64];               /* e.g. "Ascend 910B (simulated)" */
+  char vendor[64];             /* e.g. "Huawei" */
+  uint64_t total_memory;       /* bytes the device can hand out */
+  int32_t compute_capability;  /* vendor-defined, major*10+minor (CUDA: 90 for sm_90) */
+  int32_t simulated;           /* 1 when the device is anychip's simulator, not hardware */
+  uint64_t runtime_version;    /* vendor runtime version, major*1000+minor*10 (CUDA style) */
+  uint64_t driver_version;     /* likewise; 0 when there is no driver */
+  uint64_t dtypes;             /* OR of ANYCHIP_DTYPE_BIT() for element types kernels accept */
+  uint64_t min_chunk_size;     /* allocation granularity in bytes (a power of two) */
+  uint64_t max_alloc_size;     /* largest single allocation in bytes */
+  uint64_t reserved[8];
+} AnychipDeviceProperties;
+
+typedef struct AnychipMemoryStats {
+  size_t struct_size;          /* caller fills: sizeof(AnychipMemoryStats) */
+  uint64_t total_bytes;        /* capacity */
+  uint64_t free_bytes;         /* capacity minus allocated (fragmentation not deducted) */
+  uint64_t allocated_bytes;    /* live allocations, rounded to min_chunk_size */
+  uint64_t peak_allocated_bytes;
+  uint64_t num_allocations;    /* live allocations */
+  uint64_t total_allocations;  /* allocations since initialize */
+  uint64_t reserved[4];
+} AnychipMemoryStats;
+
+typedef struct AnychipDeviceInterface {
+  /* Caller fills with sizeof(AnychipDeviceInterface) as it was compiled. */
+  size_t struct_size;
+  /* Plugin fills with ANYCHIP_DEVICE_ABI_VERSION. */
+  uint32_t abi_version;
+  uint32_t padding0;
+  /* Plugin fills with its instance; passed back as the first argument of every function. */
+  AnychipRuntime runtime;
+
+  /* Plugin fills (REQUIRED). Copies the message of this thread's last failure into `buf`
+   * (NUL-terminated, truncated to `len`). Must work before `initialize` and after a failed
+   * entry call, so loading errors can be reported. */
+  AnychipStatus (*last_error)(AnychipRuntime rt, char* buf, size_t len);
+
+  /* ---- lifecycle ------------------------------------------------------------------------- */
+
+  /* REQUIRED. Bring up the vendor runtime. Returns ANYCHIP_ERROR_UNAVAILABLE, with the reason,
+   * when the hardware or driver is absent; the caller then lists the device as unavailable. */
+  AnychipStatus (*initialize)(AnychipRuntime rt);
+  /* REQUIRED. Release everything; no call but `last_error` follows. */
+  AnychipStatus (*finalize)(AnychipRuntime rt);
+  /* REQUIRED. Number of usable devices (may be 0). */
+  AnychipStatus (*get_device_count)(AnychipRuntime rt, size_t* count);
+  /* OPTIONAL (default: 0..count-1). Fills `ids` with `count` device ids. */
+  AnychipStatus (*get_device_list)(AnychipRuntime rt, size_t* ids, size_t count);
+  /* OPTIONAL (default: no-op). Per-device setup before first use / teardown after last use. */
+  AnychipStatus (*init_device)(AnychipRuntime rt, int device);
+  AnychipStatus (*deinit_device)(AnychipRuntime rt, int device);
+  /* REQUIRED. The calling thread's current device (initially 0), as in CUDA. */
+  AnychipStatus (*set_device)(AnychipRuntime rt, int device);
+  AnychipStatus (*get_device)(AnychipRuntime rt, int* device);
+
+  /* ---- memory ---------------------------------------------------------------------------- */
+
+  /* REQUIRED. Allocates `size` bytes aligned to at least 256 bytes. Past the capacity it returns
+   * ANYCHIP_ERROR_OUT_OF_MEMORY (never aborts) and leaves *ptr NULL. size 0 is invalid. */
+  AnychipStatus (*device_allocate)(AnychipRuntime rt, int device, void** ptr, size_t size);
+  /* REQUIRED. Frees a pointer returned by device_allocate on this device. A pointer that is not
+   * a live allocation (double free, foreign pointer, interior pointer) returns
+   * ANYCHIP_ERROR_INVALID_ARGUMENT when the plugin can tell (the simulator always can). The
+   * caller synchronises the work that uses the memory before freeing it. */
+  AnychipStatus (*device_free)(AnychipRuntime rt, int device, void* ptr);
+  /* OPTIONAL (default: malloc/free, not pinned). Page-locked host memory for async copies. */
+  AnychipStatus (*host_allocate)(AnychipRuntime rt, int device, void** ptr, size_t size);
+  AnychipStatus (*host_free)(AnychipRuntime rt, int device, void* ptr);
+  /* REQUIRED. Sets `size` bytes at device pointer `ptr` to `value`. Synchronous. */
+  AnychipStatus (*memset)(AnychipRuntime rt, int device, void* ptr, int value, size_t size);
+  /* REQUIRED. Synchronous copies: host->device, device->host, device->device (same device). */
+  AnychipStatus (*memcpy_h2d)(AnychipRuntime rt, int device, void* dst, const void* src,
+                              size_t size);
+  AnychipStatus (*memcpy_d2h)(AnychipRuntime rt, int device, void* dst, const void* src,
+                              size_t size);
+  AnychipStatus (*memcpy_d2d)(AnychipRuntime rt, int device, void* dst, const void* src,
+                              size_t size);
+  /* REQUIRED. Enqueue the same copies on `stream`. Host memory must stay valid, and unchanged
+   * (h2d) or unread (d2h), until the stream passes the copy. */
+  AnychipStatus (*memcpy_h2d_async)(AnychipRuntime rt, int device, AnychipStream stream,
+                                    void* dst, const void* src, size_t size);
+  AnychipStatus (*memcpy_d2h_async)(AnychipRuntime rt, int device, AnychipStream stream,
+                                    void* dst, const void* src, size_t size);
+  AnychipStatus (*memcpy_d2d_async)(AnychipRuntime rt, int device, AnychipStream stream,
+                                    void* dst, const void* src, size_t size);
+  /* REQUIRED. Fills `stats` (the caller sets stats->struct_size). */
+  AnychipStatus (*memory_stats)(AnychipRuntime rt, int device, AnychipMemoryStats* stats);
+
+  /* ---- streams --------------------------------------------------------------------------- */
+
+  /* REQUIRED. Creates an in-order work queue. Handles are never NULL (Paddle relies on it). */
+  AnychipStatus (*stream_create)(AnychipRuntime rt, int device, AnychipStream* stream);
+  /* REQUIRED. Waits for the stream's work, then destroys it. */
+  AnychipStatus (*stream_destroy)(AnychipRuntime rt, int device, AnychipStream stream);
+  /* REQUIRED. ANYCHIP_OK when all enqueued work is done, ANYCHIP_ERROR_NOT_READY while some
+   * runs, the work's error status if it failed. */
+  AnychipStatus (*stream_query)(AnychipRuntime rt, int device, AnychipStream stream);
+  /* REQUIRED. Blocks until all enqueued work is done; returns its first error, if any. */
+  AnychipStatus (*stream_synchronize)(AnychipRuntime rt, int device, AnychipStream stream);
+  /* REQUIRED. Enqueues `callback(user_data, status)`; it runs after all earlier work. */
+  AnychipStatus (*stream_add_callback)(AnychipRuntime rt, int device, AnychipStream stream,
+                                       AnychipStreamCallback callback, void* user_data);
+
+  /* ---- events ---------------------------------------------------------------------------- */
+
+  /* REQUIRED. An event starts out complete (querying a never-recorded event returns OK). */
+  AnychipStatus (*event_create)(AnychipRuntime rt, int device, AnychipEvent* event);
+  /* REQUIRED. Captures the stream's current position: the event completes when all work
+   * enqueued on `stream` before this call is done. Re-recording moves the capture. */
+  AnychipStatus (*event_record)(AnychipRuntime rt, int device, AnychipStream stream,
+                                AnychipEvent event);
+  /* REQUIRED. ANYCHIP_OK when the last record completed, ANYCHIP_ERROR_NOT_READY otherwise. */
+  AnychipStatus (*event_query)(AnychipRuntime rt, int device, AnychipEvent event);
+  /* REQUIRED. Blocks until the last record completed. */
+  AnychipStatus (*event_synchronize)(AnychipRuntime rt, int device, AnychipEvent event);
+  /* REQUIRED. Destroys the event; a pending record may still complete harmlessly. */
+  AnychipStatus (*event_destroy)(AnychipRuntime rt, int device, AnychipEvent event);
+  /* REQUIRED. Work enqueued on `stream` after this call waits until `event`'s record at the
+   * time of this call completes. The host does not block. */
+  AnychipStatus (*stream_wait_event)(AnychipRuntime rt, int device, AnychipStream stream,
+                                     AnychipEvent event);
+  /* OPTIONAL (default: timing unsupported). Milliseconds between two completed records. */
+  AnychipStatus (*event_elapsed_ms)(AnychipRuntime rt, int device, AnychipEvent start,
+                                    AnychipEvent end, float* ms);
+
+  /* ---- device ---------------------------------------------------------------------------- */
+
+  /* REQUIRED. Blocks until all work on every stream of the device is done; returns the first
+   * error any of it reported since the last synchronisation. */
+  AnychipStatus (*synchronize_device)(AnychipRuntime rt, int device);
+  /* REQUIRED. Fills `props` (the caller sets props->struct_size). */
+  AnychipStatus (*get_properties)(AnychipRuntime rt, int device, AnychipDeviceProperties* props);
+
+  /* Room to grow without breaking plugins built against this version: new functions take
+   * these slots in order. Plugins leave them NULL. */
+  void* reserved[32];
+} AnychipDeviceInterface;
+
+/* The entry point every plugin library exports. Fills `iface` (see "How a plugin is loaded").
+ * On failure returns an error and, if it set `iface->last_error`, a message for it. */
+typedef AnychipStatus (*AnychipDeviceInitFn)(AnychipDeviceInterface* iface, const char* options);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* ANYCHIP_DEVICE_H_ */

@@ -1,0 +1,111 @@
+"""Making anychip devices Paddle CustomDevices.
+
+Paddle loads CustomDevice plugins only once, at ``import paddle``, from $CUSTOM_DEVICE_ROOT. So
+before Paddle is imported, anychip writes a folder with one copy of the generic bridge
+(``libanychip_paddle_bridge.so``) per available device, each beside a config naming the
+device's runtime library, and points $CUSTOM_DEVICE_ROOT at it. Copies, because the dynamic
+loader would hand every link to the same file the same single instance.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from . import fallback
+from .errors import PaddleImportOrderError
+from .native import library_path
+from .plugins import registry
+
+_paddle = None
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ANYCHIP_CACHE_DIR", Path.home() / ".cache" / "anychip"))
+
+
+def _bridged_devices() -> dict[str, dict]:
+    """Config of every device that has a Paddle type and whose runtime comes up here."""
+    from .devices import describe
+
+    configs = {}
+    for name, spec in sorted(registry().devices.items()):
+        if spec.paddle_type is None:
+            continue
+        info = describe(name)
+        if info.status == "unavailable" or info.count == 0:
+            continue
+        configs[name] = {
+            "name": name,
+            "paddle_type": spec.paddle_type,
+            "sub_type": "simulated" if info.status == "simulated" else "hardware",
+            "library": spec.library,
+            "symbol": spec.symbol,
+            "options": spec.options_string(),
+        }
+    return configs
+
+
+def _write_root(configs: dict[str, dict]) -> Path:
+    bridge = library_path("anychip_paddle_bridge")
+    if not bridge.exists():
+        raise FileNotFoundError(
+            f"{bridge} is missing: anychip was built without Paddle's headers. Install "
+            "paddlepaddle first, then reinstall anychip (see README)")
+    text = {n: "".join(f"{k}={v}\n" for k, v in c.items()) for n, c in configs.items()}
+    digest = hashlib.sha256(bridge.read_bytes() + repr(sorted(text.items())).encode()).hexdigest()[:16]
+    root = cache_dir() / "paddle_devices" / digest
+    if not root.exists():
+        tmp = root.with_name(f"{digest}.tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for name, conf in text.items():
+            lib = tmp / f"libanychip_{name}.so"
+            shutil.copyfile(bridge, lib)
+            (tmp / f"libanychip_{name}.so.conf").write_text(conf)
+        try:
+            tmp.rename(root)  # atomic: a concurrent process sees all of it or none
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)  # another process won the race
+    return root
+
+
+def import_paddle():
+    """Imports Paddle with every available anychip device registered in it."""
+    global _paddle
+    if _paddle is not None:
+        return _paddle
+    if "paddle" in sys.modules:
+        raise PaddleImportOrderError(
+            "paddle was imported before anychip could register its devices; Paddle loads "
+            "CustomDevices only at import. Call anychip.set_device(...) (or "
+            "anychip.paddle_frontend.import_paddle()) before `import paddle`")
+    configs = _bridged_devices()
+    os.environ["CUSTOM_DEVICE_ROOT"] = str(_write_root(configs))
+    if fallback.strict():
+        os.environ["FLAGS_enable_api_kernel_fallback"] = "0"
+    elif configs:
+        vmodule = os.environ.get("GLOG_vmodule", "")
+        os.environ["GLOG_vmodule"] = ",".join(filter(None, [vmodule, "kernel_factory=3"]))
+        fallback.start_monitor({c["paddle_type"]: n for n, c in configs.items()})
+    import paddle
+
+    _paddle = paddle
+    return paddle
+
+
+def place(name: str, index: int):
+    """The Paddle place of anychip device ``name:index``."""
+    paddle = import_paddle()
+    spec = registry().spec(name)
+    if spec.paddle_type is None:
+        return paddle.CPUPlace()
+    return paddle.CustomPlace(spec.paddle_type, index)
+
+
+def paddle_device_string(name: str, index: int) -> str:
+    spec = registry().spec(name)
+    return "cpu" if spec.paddle_type is None else f"{spec.paddle_type}:{index}"

@@ -1,0 +1,70 @@
+// The simulator's streams and events: real asynchrony on host threads.
+//
+// A Stream owns one worker thread that runs its work items in enqueue order, so code that
+// forgets to synchronise sees the same races it would see on a chip. An Event counts records
+// and completions; waiting on "the record as of now" is what gives stream_wait_event and
+// event_synchronize their CUDA semantics.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "anychip/device.h"
+
+namespace anychip::sim {
+
+class Event {
+ public:
+  // Returns the generation a waiter must see completed.
+  uint64_t begin_record();
+  void complete(uint64_t generation);
+  bool done(uint64_t generation);
+  void wait(uint64_t generation);
+  uint64_t last_recorded();
+  // Completion time of the last completed record.
+  std::chrono::steady_clock::time_point completed_at();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t recorded_ = 0, completed_ = 0;
+  std::chrono::steady_clock::time_point completed_at_{};
+};
+
+class Stream {
+ public:
+  // A work item returns ANYCHIP_OK or an error status (with last_error set on the worker).
+  using Work = std::function<AnychipStatus(AnychipStatus stream_status)>;
+
+  Stream();
+  ~Stream();  // drains the queue, then joins the worker
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  void enqueue(Work work);
+  // NOT_READY while work is pending, else the first error since the last synchronize/query.
+  AnychipStatus query();
+  // Waits for all enqueued work without consuming its error.
+  void wait_idle();
+  // Waits for all enqueued work; returns (and clears) the first error it reported.
+  AnychipStatus synchronize(std::string* message);
+
+ private:
+  void run();
+
+  std::mutex mu_;
+  std::condition_variable work_cv_, idle_cv_;
+  std::deque<Work> queue_;
+  bool busy_ = false, stopping_ = false;
+  AnychipStatus error_ = ANYCHIP_OK;
+  std::string error_message_;
+  std::thread worker_;
+};
+
+}  // namespace anychip::sim

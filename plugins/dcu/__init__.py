@@ -1,0 +1,17 @@
+"""Hygon DCU. Binds DTK (HIP) when present; until then, the simulator with Z100 traits.
+
+The Z100 has no bfloat16, so bf16 work on ``dcu`` exercises the dtype fallback paths.
+"""
+
+import anychip
+
+
+@anychip.hookimpl
+def anychip_register_devices():
+    traits = anychip.ChipTraits(
+        model="Hygon Z100", vendor="Hygon", memory_bytes=32 << 30, compute_capability=0,
+        dtypes=("float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool"))
+    return [anychip.vendor_device(
+        "dcu", traits, description="Hygon DCU", paddle_type="anychip_hygon",
+        vendor_runtime="Hygon DTK (HIP)", libraries=("libgalaxyhip.so", "libamdhip64.so"),
+        env_dirs=("DTK_HOME", "ROCM_PATH"))]

@@ -1,0 +1,78 @@
+"""Builds anychip: the Python packages plus the native libraries from CMakeLists.txt.
+
+Install with `pip install --no-build-isolation -e .` after `pip install -r requirements.txt`:
+the Paddle bridge compiles against the headers of the Paddle that is installed.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+
+# Each native library, as (extension name, CMake output-dir variable, CMake target or None).
+LIBRARIES = [
+    ("anychip._lib.libanychip_sim", "ANYCHIP_CORE_LIB_DIR"),
+    ("anychip._lib.libanychip_paddle_bridge", "ANYCHIP_CORE_LIB_DIR"),
+    ("anychip_plugins.gpu.libanychip_cuda", "ANYCHIP_GPU_PLUGIN_DIR"),
+]
+
+
+def paddle_include_dir() -> str:
+    spec = importlib.util.find_spec("paddle")
+    if spec is None or not spec.submodule_search_locations:
+        return ""
+    inc = Path(list(spec.submodule_search_locations)[0]) / "include"
+    return str(inc) if (inc / "paddle/phi/backends/device_ext.h").exists() else ""
+
+
+class CMakeBuild(build_ext):
+    """Runs one CMake/Ninja build for all libraries instead of compiling per extension."""
+
+    def get_ext_filename(self, fullname):
+        return fullname.replace(".", os.sep) + ".so"
+
+    def run(self):
+        out_dirs = {}
+        for ext in self.extensions:
+            out_dirs[dict(LIBRARIES)[ext.name]] = str(Path(self.get_ext_fullpath(ext.name)).parent.resolve())
+        build_dir = ROOT / "build" / "cmake"
+        build_dir.mkdir(parents=True, exist_ok=True)
+        paddle_inc = paddle_include_dir()
+        if not paddle_inc:
+            print("anychip: paddlepaddle is not installed; building without the Paddle bridge", file=sys.stderr)
+        configure = ["cmake", "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja",
+                     f"-DANYCHIP_PADDLE_INCLUDE_DIR={paddle_inc}"]
+        configure += [f"-D{var}={path}" for var, path in out_dirs.items()]
+        subprocess.check_call(configure)
+        subprocess.check_call(["cmake", "--build", str(build_dir), "-j", str(os.cpu_count() or 2)])
+
+    def get_outputs(self):
+        return [p for p in super().get_outputs() if os.path.exists(p)]
+
+
+setup(
+    name="anychip",
+    version="0.1.0",
+    description="A plugin-based hardware abstraction layer for LLM work on PaddlePaddle",
+    python_requires=">=3.10",
+    package_dir={"anychip": "core", "anychip_plugins": "plugins"},
+    packages=["anychip", "anychip.runtime", "anychip.cli",
+              "anychip_plugins", "anychip_plugins.cpu", "anychip_plugins.gpu", "anychip_plugins.xpu",
+              "anychip_plugins.npu", "anychip_plugins.gcu", "anychip_plugins.dcu"],
+    package_data={"anychip": ["include/anychip/*.h", "templates/plugin/*", "templates/plugin/*/*"]},
+    ext_modules=[Extension(name, sources=[]) for name, _var in LIBRARIES],
+    cmdclass={"build_ext": CMakeBuild},
+    install_requires=["numpy", "pluggy>=1.3", "paddlepaddle==3.3.1"],
+    entry_points={
+        "console_scripts": ["anychip = anychip.cli.main:main"],
+        "anychip.plugins": [
+            f"{chip} = anychip_plugins.{chip}" for chip in ("cpu", "gpu", "xpu", "npu", "gcu", "dcu")
+        ],
+    },
+)
