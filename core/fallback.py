@@ -7,8 +7,10 @@ anychip counts every such fallback by device, op and dtype.
 Paddle exposes no hook for this; its only signal is one glog line per fallback, which
 kernel_factory.cc writes at verbosity 3 (``missing <type> kernel: <op>, expected_kernel_key:
 (<type>, <layout>, <dtype>), fallbacking to CPU one!``). The monitor turns that verbosity on for
-kernel_factory alone, reads the process's stderr through a pipe, counts those lines and passes
-every other byte through unchanged. Strict mode (ANYCHIP_STRICT=1) instead turns Paddle's
+kernel_factory alone (through glog's SetVLOGLevel: setting $GLOG_vmodule instead makes Paddle
+3.3.1 corrupt its heap at exit, as its two glog copies both own the parsed list) and sends the process's stderr through a small filter process
+(``anychip.stderr_filter``) that counts those lines and passes every other byte through
+unchanged; a separate process, so a crash report still reaches the terminal. Strict mode (ANYCHIP_STRICT=1) instead turns Paddle's
 fallback off (FLAGS_enable_api_kernel_fallback=0), so a missing kernel raises at the op.
 """
 
@@ -16,15 +18,10 @@ from __future__ import annotations
 
 import atexit
 import collections
-import faulthandler
 import os
-import re
+import subprocess
+import sys
 import threading
-
-_FALLBACK = re.compile(
-    rb"missing (\w+) kernel: (\w+), expected_kernel_key:\(\w+, [^,]+, (\w+)\), fallbacking to CPU one!")
-# INFO lines Paddle prints while loading anychip's bridge: anychip's plumbing, not the user's.
-_LOAD_NOISE = re.compile(rb"^I\d{4} [\d:.]+ +\d+ (init|custom_device_load|custom_kernel)\.cc:\d+\]")
 
 
 def strict() -> bool:
@@ -32,72 +29,72 @@ def strict() -> bool:
 
 
 class FallbackMonitor:
+    """Routes this process's stderr through ``anychip.stderr_filter`` and counts what it finds."""
+
     def __init__(self, device_names: dict[str, str]):
         self._names = device_names  # Paddle device type -> anychip device name
         self.counts: collections.Counter = collections.Counter()
-        self._lock = threading.Lock()
-        self._events = threading.Condition(self._lock)
-        self._seen_bytes = 0
-        self._thread: threading.Thread | None = None
+        self._lock = threading.Condition()
+        self._synced = 0
+        self._next_sync = 0
 
     def start(self) -> None:
-        self._stderr = os.dup(2)
-        # A crash must still reach the terminal, not die in the pipe with this process.
-        faulthandler.enable(file=os.fdopen(os.dup(self._stderr), "w"), all_threads=True)
-        read_fd, write_fd = os.pipe()
-        os.dup2(write_fd, 2)
-        os.close(write_fd)
-        self._read_fd = read_fd
-        self._thread = threading.Thread(target=self._pump, name="anychip-fallback-monitor", daemon=True)
-        self._thread.start()
+        sys.stderr.flush()
+        self._filter = subprocess.Popen(
+            [sys.executable, "-m", "anychip.stderr_filter"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=os.dup(2), close_fds=True)
+        self._saved_stderr = os.dup(2)
+        os.dup2(self._filter.stdin.fileno(), 2)
+        self._filter.stdin.close()  # fd 2 is now the only writer
+        self._reader = threading.Thread(target=self._read, name="anychip-fallbacks", daemon=True)
+        self._reader.start()
         atexit.register(self.stop)
 
-    def _pump(self) -> None:
-        pending = b""
-        while True:
-            chunk = os.read(self._read_fd, 65536)
-            if not chunk:
-                break
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            out = []
-            for line in lines:
-                m = _FALLBACK.search(line)
-                if m:
-                    key = (self._names.get(m[1].decode(), m[1].decode()), m[2].decode(), m[3].decode())
-                    with self._lock:
-                        self.counts[key] += 1
-                elif not _LOAD_NOISE.match(line):
-                    out.append(line + b"\n")
-            if pending and not pending.startswith(b"I"):  # not a glog line: pass it through now
-                out.append(pending)
-                pending = b""
-            if out:
-                os.write(self._stderr, b"".join(out))
-            with self._events:
-                self._seen_bytes += len(chunk)
-                self._events.notify_all()
-        if pending:
-            os.write(self._stderr, pending)
+    def _read(self) -> None:
+        for record in self._filter.stdout:
+            kind, *fields = record.decode().split()
+            with self._lock:
+                if kind == "fallback":
+                    paddle_type, op, dtype = fields
+                    self.counts[(self._names.get(paddle_type, paddle_type), op, dtype)] += 1
+                else:
+                    self._synced = int(fields[0])
+                self._lock.notify_all()
 
-    def flush(self, timeout: float = 2.0) -> None:
-        """Waits until everything written to stderr so far has been read and counted."""
-        import sys
-
+    def flush(self, timeout: float = 5.0) -> None:
+        """Waits until everything written to stderr so far has been seen by the filter."""
         sys.stderr.flush()
-        marker = b"\n"
-        with self._events:
-            target = self._seen_bytes + len(marker)
-        os.write(2, marker)  # consumed as an empty line; makes the pump catch up to "now"
-        with self._events:
-            self._events.wait_for(lambda: self._seen_bytes >= target, timeout)
+        with self._lock:
+            self._next_sync += 1
+            token = self._next_sync
+        os.write(2, b"\x00anychip-sync %d\n" % token)
+        with self._lock:
+            self._lock.wait_for(lambda: self._synced >= token, timeout)
 
     def stop(self) -> None:
-        if self._thread is None:
+        if self._filter is None:
             return
-        os.dup2(self._stderr, 2)  # closes the pipe's last writer: the pump drains and ends
-        self._thread.join(timeout=5)
-        self._thread = None
+        sys.stderr.flush()
+        os.dup2(self._saved_stderr, 2)  # closes the filter's input: it drains and exits
+        self._filter.wait(timeout=10)
+        self._reader.join(timeout=5)
+        self._filter = None
+
+
+def log_paddle_fallbacks(paddle) -> None:
+    """Turns on kernel_factory's verbosity-3 log in every glog copy inside Paddle."""
+    import ctypes
+    from pathlib import Path
+
+    root = Path(paddle.__file__).parent
+    for lib in (root / "base" / "libpaddle.so", root / "libs" / "libphi_core.so"):
+        try:
+            set_level = getattr(ctypes.CDLL(str(lib)), "_ZN6google12SetVLOGLevelEPKci")
+        except (OSError, AttributeError) as exc:
+            raise RuntimeError(f"cannot enable Paddle's fallback log in {lib}: {exc}; "
+                               "set ANYCHIP_STRICT=1 to run without fallback accounting") from None
+        set_level.argtypes = [ctypes.c_char_p, ctypes.c_int]
+        set_level(b"kernel_factory", 3)
 
 
 _monitor: FallbackMonitor | None = None

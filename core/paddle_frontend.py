@@ -88,10 +88,11 @@ def import_paddle():
     if fallback.strict():
         os.environ["FLAGS_enable_api_kernel_fallback"] = "0"
     elif configs:
-        vmodule = os.environ.get("GLOG_vmodule", "")
-        os.environ["GLOG_vmodule"] = ",".join(filter(None, [vmodule, "kernel_factory=3"]))
         fallback.start_monitor({c["paddle_type"]: n for n, c in configs.items()})
     import paddle
+
+    if configs and not fallback.strict():
+        fallback.log_paddle_fallbacks(paddle)
 
     _paddle = paddle
     return paddle

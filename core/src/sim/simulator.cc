@@ -171,7 +171,8 @@ AnychipStatus sim_finalize(Rt rt) {
     dev->streams.clear();
     dev->events.clear();
   }
-  delete rt;  // device.h: nothing but last_error follows finalize
+  rt->devices.clear();
+  rt->initialized = false;
   return ANYCHIP_OK;
 }
 

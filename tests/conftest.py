@@ -1,0 +1,31 @@
+import os
+import subprocess
+import sys
+import tempfile
+
+# Before anything opens a device: guard simulated memory, and keep caches out of $HOME.
+os.environ["ANYCHIP_SIM_CHECK"] = "1"
+os.environ.setdefault("ANYCHIP_CACHE_DIR", tempfile.mkdtemp(prefix="anychip-test-cache-"))
+
+import pytest  # noqa: E402
+
+from anychip.devices import describe_all  # noqa: E402
+
+AVAILABLE = [i.name for i in describe_all() if i.status != "unavailable"]
+SIMULATED = [i.name for i in describe_all() if i.status == "simulated"]
+
+
+def run_python(code: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Runs ``code`` in a fresh interpreter (Paddle registers devices once per process)."""
+    full_env = dict(os.environ)
+    full_env.pop("ANYCHIP_SIM_CHECK", None)
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env,
+                          timeout=timeout)
+
+
+@pytest.fixture(params=AVAILABLE, scope="session")
+def device(request):
+    import anychip.runtime as rt
+
+    return rt.open_device(f"{request.param}:0")

@@ -1,0 +1,100 @@
+"""Plugin discovery: one broken plugin never takes the others down, and says why."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from anychip import DeviceSpec
+from anychip.runtime import open_device
+
+PLUGINS = {
+    "exploding_plugin": "raise ImportError('vendor SDK python bindings missing')\n",
+    "badlib_plugin": textwrap.dedent("""
+        import anychip, os
+        HERE = os.path.dirname(__file__)
+        @anychip.hookimpl
+        def anychip_register_devices():
+            return [anychip.DeviceSpec(name="badlib", description="corrupt runtime library",
+                                       library=os.path.join(HERE, "libcorrupt.so"))]
+    """),
+    "hookraise_plugin": textwrap.dedent("""
+        import anychip
+        @anychip.hookimpl
+        def anychip_register_devices():
+            raise RuntimeError("firmware query failed")
+    """),
+    "thief_plugin": textwrap.dedent("""
+        import anychip
+        @anychip.hookimpl
+        def anychip_register_devices():
+            return [anychip.DeviceSpec(name="npu", description="second npu", library="/nonexistent.so")]
+    """),
+}
+
+
+@pytest.fixture(scope="module")
+def plugin_path(tmp_path_factory):
+    root = tmp_path_factory.mktemp("site")
+    for module, code in PLUGINS.items():
+        (root / f"{module}.py").write_text(code)
+    (root / "libcorrupt.so").write_bytes(b"this is not an ELF file")
+    dist = root / "fake_plugins-0.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-plugins\nVersion: 0.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[anychip.plugins]\nexploding = exploding_plugin\nbadlib = badlib_plugin\n"
+        "hookraise = hookraise_plugin\nthief = thief_plugin\n")
+    return root
+
+
+def devices_json(plugin_path):
+    env = dict(os.environ, PYTHONPATH=f"{plugin_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    out = subprocess.run([sys.executable, "-m", "anychip.cli.main", "devices", "--json"],
+                         capture_output=True, text=True, env=env, check=True).stdout
+    return {d["name"]: d for d in json.loads(out)}
+
+
+def test_broken_plugins_are_listed_with_reasons_and_others_work(plugin_path):
+    devices = devices_json(plugin_path)
+    assert devices["npu"]["status"] == "simulated"
+    assert devices["npu"]["description"] == "Huawei Ascend NPU"  # the thief did not win
+    assert devices["cpu"]["status"] == "hardware"
+    assert devices["exploding"]["status"] == "unavailable"
+    assert "import failed: ImportError: vendor SDK python bindings missing" in devices["exploding"]["reason"]
+    assert devices["badlib"]["status"] == "unavailable"
+    assert "cannot load" in devices["badlib"]["reason"] and "libcorrupt.so" in devices["badlib"]["reason"]
+    assert "RuntimeError: firmware query failed" in devices["hookraise"]["reason"]
+    assert "already provided by plugin 'npu'" in devices["thief"]["reason"]
+
+
+def test_unknown_device_lists_the_known_ones():
+    with pytest.raises(ValueError, match=r"unknown device 'tpu'; known devices: cpu, dcu, gcu, gpu, npu, xpu"):
+        open_device("tpu:0")
+
+
+@pytest.mark.parametrize("text, message", [("npu:x", "non-negative integer"), ("", "like 'npu'")])
+def test_malformed_device_strings(text, message):
+    with pytest.raises(ValueError, match=message):
+        open_device(text)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(name="Bad Name"), r"DeviceSpec.name must match"),
+    (dict(name="ok", paddle_type="my_gpu"), "contains 'gpu'"),
+])
+def test_device_spec_validation(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        DeviceSpec(**{"name": "ok", "description": "", "library": "x.so", **kwargs})
+
+
+def test_require_hardware_refuses_simulated_devices(monkeypatch):
+    from anychip import HardwareRequiredError
+
+    monkeypatch.setenv("ANYCHIP_REQUIRE_HARDWARE", "1")
+    with pytest.raises(HardwareRequiredError, match="npu:0 is simulated .* ANYCHIP_REQUIRE_HARDWARE=1"):
+        open_device("npu:0")
+    open_device("cpu:0")  # real hardware is still fine
