@@ -13,6 +13,7 @@ import hashlib
 import os
 import shutil
 import sys
+import warnings
 from pathlib import Path
 
 from . import fallback
@@ -89,7 +90,10 @@ def import_paddle():
         os.environ["FLAGS_enable_api_kernel_fallback"] = "0"
     elif configs:
         fallback.start_monitor({c["paddle_type"]: n for n, c in configs.items()})
-    import paddle
+    with warnings.catch_warnings():
+        # Paddle warns about ccache at import for its JIT extension builder, which anychip doesn't use.
+        warnings.filterwarnings("ignore", message="No ccache found")
+        import paddle
 
     if configs and not fallback.strict():
         fallback.log_paddle_fallbacks(paddle)

@@ -4,30 +4,23 @@
     from anychip.plugin_template import render
     render(Path("anychip-mychip"), "mychip")   # then: pip install --no-build-isolation ./anychip-mychip
 
-Deliberately standalone (standard library only), so it also loads straight from its file.
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
+
+from .spec import DeviceSpec
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates" / "plugin"
 PLACEHOLDER = "{{name}}"
 
-# The same names DeviceSpec refuses in a paddle_type; the template derives "anychip_<name>" from
-# the device name, so a bad name is caught here rather than when the plugin first loads.
-_PADDLE_RESERVED = ("cpu", "gpu", "xpu", "npu", "dcu", "ipu", "mlu", "cuda")
-
-
 def check_name(name: str) -> None:
-    """Raises ValueError unless ``name`` can be a device, a Python package suffix and a paddle_type."""
-    if not isinstance(name, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", name):
-        raise ValueError(f"name must match [a-z][a-z0-9_]*, got {name!r}")
-    bad = [word for word in _PADDLE_RESERVED if word in name]
-    if bad:
-        raise ValueError(f"name {name!r} contains {bad[0]!r}, which Paddle treats specially in a "
-                         "device type; pick another name")
+    """Raises ValueError unless ``name`` works as a device name and, as ``anychip_<name>``, as
+    the Paddle device type the template registers."""
+    if not isinstance(name, str):
+        raise ValueError(f"name must be a string, got {name!r}")
+    DeviceSpec(name=name, description="", library="", paddle_type=f"anychip_{name}")
 
 
 def render(dest: Path, name: str) -> Path:

@@ -87,7 +87,6 @@ def test_paddle_imported_first_is_a_clear_error():
 def test_set_device_rejects_bad_devices_before_paddle_runs(device, message):
     result = run_python(f"import anychip, sys\nanychip.set_device({device!r})\n")
     assert result.returncode != 0 and message in result.stderr
-    assert "paddle" not in result.stderr.split(message)[0].split("Traceback")[-1].lower() or True
 
 
 def test_require_hardware_refuses_simulated_device_for_paddle():

@@ -660,7 +660,7 @@ static AnychipStatus rt_get_properties(Rt rt, int device, AnychipDevicePropertie
   Device* dev;
   AnychipStatus st = lock_device(rt, device, &dev);
   if (st != ANYCHIP_OK) return st;
-  snprintf(props->name, sizeof(props->name), "%s", DEVICE_NAME " template device (host memory)");
+  snprintf(props->name, sizeof(props->name), "%s", DEVICE_NAME " template device (simulated)");
   snprintf(props->vendor, sizeof(props->vendor), "%s", "unknown");
   props->total_memory = rt->capacity;
   props->compute_capability = 0;

@@ -1,0 +1,59 @@
+"""`anychip` from the command line, as a newcomer would run it."""
+
+import json
+import subprocess
+import sys
+
+
+def anychip(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "anychip.cli.main", *args], capture_output=True, text=True,
+                          env=env)
+
+
+def test_devices_lists_every_builtin_with_an_honest_status():
+    result = anychip("devices")
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line.split()[1] for line in result.stdout.splitlines()[1:7]}
+    assert rows == {"cpu": "hardware", "dcu": "simulated", "gcu": "simulated", "gpu": rows["gpu"],
+                    "npu": "simulated", "xpu": "simulated"}
+    assert rows["gpu"] in ("hardware", "unavailable")
+    for chip in ("xpu", "npu", "gcu", "dcu"):
+        assert f"{chip}: " in result.stdout and "running on the simulator" in result.stdout
+    assert "(simulated)" in result.stdout
+
+
+def test_devices_json_and_device_filter():
+    result = anychip("devices", "--json", "--device", "npu")
+    (npu,) = json.loads(result.stdout)
+    assert npu["name"] == "npu" and npu["status"] == "simulated" and npu["count"] >= 1
+    assert npu["memory_bytes"] == 64 << 30 and "bfloat16" in npu["dtypes"]
+    assert "Ascend ACL" in npu["reason"]
+
+
+def test_unknown_device_is_a_clear_error():
+    result = anychip("devices", "--device", "tpu")
+    assert result.returncode == 1
+    assert "unknown device 'tpu'; known devices: cpu, dcu, gcu, gpu, npu, xpu" in result.stderr
+
+
+def test_help_explains_itself():
+    result = anychip("--help")
+    assert result.returncode == 0
+    assert "devices" in result.stdout and "--device" in result.stdout and "--report-fallbacks" in result.stdout
+
+
+def test_report_fallbacks_flag():
+    result = anychip("devices", "--report-fallbacks")
+    assert result.returncode == 0
+    assert "CPU fallbacks: none (no anychip device was used with Paddle)" in result.stderr
+
+
+def test_ci_runs_the_readme_test_command():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    blocks = [b.split("```", 1)[0].strip() for b in readme.split("```bash\n")[1:]]
+    setup = [b for b in blocks if b.startswith("python3 -m venv")]
+    assert len(setup) == 2, "the README has exactly two set-up commands"
+    assert setup[1] in (root / ".ci" / "run").read_text()
