@@ -22,6 +22,7 @@ class DeviceInfo:
     dtypes: tuple[str, ...]
     kernels: int
     plugin: str
+    vendor_runtime: str = ""
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -31,7 +32,7 @@ def describe(name: str) -> DeviceInfo:
     reg = registry()
     spec = reg.spec(name)
     base = dict(name=name, description=spec.description, kernels=reg.kernels.count(name),
-                plugin=reg.device_plugin[name])
+                plugin=reg.device_plugin[name], vendor_runtime=spec.vendor_runtime)
     try:
         runtime = open_runtime(name)
         if runtime.device_count == 0:

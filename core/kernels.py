@@ -34,9 +34,6 @@ class KernelRegistry:
                 raise ValueError(f"kernel {op!r} for {device}/{dtype} is registered twice")
             self._kernels[key] = kernel
 
-    def lookup(self, op: str, device: str, dtype: str) -> Kernel | None:
-        return self._kernels.get((op, device, dtype))
-
     def count(self, device: str) -> int:
         """Number of distinct ops with a kernel on ``device``."""
         return len({op for (op, dev, _dtype) in self._kernels if dev == device})

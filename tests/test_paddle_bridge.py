@@ -111,3 +111,16 @@ def test_device_out_of_memory_through_paddle_is_an_error_not_a_crash():
     assert result.returncode == 0, result.stderr[-2000:]
     assert "raised" in result.stdout and "still works 3.0" in result.stdout
     assert "out of memory" in result.stderr
+
+
+def test_anychip_device_environment_sets_the_default():
+    code = textwrap.dedent("""
+        import anychip
+        print(anychip.get_device())
+        anychip.set_device()
+        import paddle
+        print(paddle.to_tensor([1.0]).place)
+    """)
+    result = run_python(code, env={"ANYCHIP_DEVICE": "gcu:1"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["gcu:1", "Place(anychip_enflame:1)"]

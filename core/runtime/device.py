@@ -42,6 +42,8 @@ class Device:
     """Device ``index`` of ``runtime``; written ``name:index`` (e.g. ``npu:0``)."""
 
     def __init__(self, runtime: Runtime, index: int):
+        if runtime.device_count == 0:
+            raise InvalidArgumentError(f"{runtime.name} has no devices on this machine", "INVALID_ARGUMENT")
         if not 0 <= index < runtime.device_count:
             raise InvalidArgumentError(
                 f"device index {index} out of range: {runtime.name} has {runtime.device_count} "

@@ -23,7 +23,7 @@ class Runtime:
         self._lock = threading.Lock()
         if not os.path.exists(library):
             raise DeviceUnavailableError(f"{name}: runtime library {library} does not exist "
-                                         "(was anychip built? see README)", "UNAVAILABLE")
+                                         "(was its package built and installed?)", "UNAVAILABLE")
         try:
             self._lib = C.CDLL(library, mode=os.RTLD_LOCAL | os.RTLD_NOW)
         except OSError as exc:
