@@ -53,6 +53,25 @@ def test_stream_keeps_order_under_load(device):
     assert (out == 199).all()
 
 
+def test_threads_sharing_a_device_each_keep_their_stream_order(device):
+    """The runtime is thread-safe: eight threads, each with its own stream and buffer."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def worker(k):
+        buf = device.allocate(4096 * 4)
+        with device.stream() as s:
+            for i in range(50):
+                buf.copy_from_host(np.full(4096, k * 1000 + i, np.int32), stream=s)
+            out = np.empty(4096, np.int32)
+            buf.copy_to_host(out, stream=s)
+            s.synchronize()
+        buf.free()
+        return bool((out == k * 1000 + 49).all())
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(worker, range(8)))
+
+
 def test_events_order_streams_without_blocking_the_host(device):
     """stream_wait_event makes one stream wait for another's work. A plugin may run stream work
     synchronously (the template does); where streams are asynchronous, the host must not block."""

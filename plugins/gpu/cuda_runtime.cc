@@ -283,9 +283,14 @@ AnychipStatus initialize(AnychipRuntime rt) {
   int count = 0;
   if (int err = c.GetDeviceCount(&count)) {
     c.GetLastError();
+    // Without a driver cudart says "driver version is insufficient", which sends users hunting
+    // for the wrong fix; say what is really missing.
+    void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    std::string hint = driver ? "" : " -- no NVIDIA driver here (libcuda.so.1 not found)";
+    if (driver) dlclose(driver);
     return fail(ANYCHIP_ERROR_UNAVAILABLE, "gpu: cudaGetDeviceCount failed: " +
                                                cuda_text(rt, err) + " (error " +
-                                               std::to_string(err) + ")");
+                                               std::to_string(err) + ")" + hint);
   }
   if (count <= 0) {
     return fail(ANYCHIP_ERROR_UNAVAILABLE, "gpu: no CUDA device (cudaGetDeviceCount returned 0)");

@@ -28,8 +28,8 @@
  *     inside an allocation (a view), and a copy range must lie within one live allocation.
  *   - Work enqueued on one stream runs in enqueue order. Work on different streams may run
  *     concurrently; ordering between streams is expressed only with events.
- *   - Synchronous functions (no `_async` suffix) first wait for all work previously enqueued on
- *     any stream of that device, then perform their operation and return when it is complete.
+ *   - memset and the copies without `_async` first wait for all work previously enqueued on any
+ *     stream of that device, then perform their operation and return when it is complete.
  *   - Asynchronous functions only enqueue; errors found while running enqueued work are reported
  *     by the next synchronize/query of that stream (and of the device), as with CUDA.
  *
@@ -86,7 +86,8 @@ typedef struct AnychipStream_st* AnychipStream;
 typedef struct AnychipEvent_st* AnychipEvent;
 
 /* Called on a plugin thread when a stream reaches it; `status` is ANYCHIP_OK unless earlier work
- * on the stream failed. It must not call back into the runtime's synchronising functions. */
+ * on the stream failed. It must not call any function of the runtime (CUDA forbids it, and a
+ * synchronising call would deadlock the stream that runs it). */
 typedef void (*AnychipStreamCallback)(void* user_data, AnychipStatus status);
 
 typedef struct AnychipDeviceProperties {
@@ -107,7 +108,8 @@ typedef struct AnychipDeviceProperties {
 typedef struct AnychipMemoryStats {
   size_t struct_size;          /* caller fills: sizeof(AnychipMemoryStats) */
   uint64_t total_bytes;        /* capacity */
-  uint64_t free_bytes;         /* capacity minus allocated (fragmentation not deducted) */
+  uint64_t free_bytes;         /* simulator: capacity minus allocated; hardware: what the
+                                  device reports free (other processes deducted) */
   uint64_t allocated_bytes;    /* live allocations, rounded to min_chunk_size */
   uint64_t peak_allocated_bytes;
   uint64_t num_allocations;    /* live allocations */
@@ -124,7 +126,8 @@ typedef struct AnychipDeviceInterface {
   /* Plugin fills with its instance; passed back as the first argument of every function. */
   AnychipRuntime runtime;
 
-  /* Plugin fills (REQUIRED). Copies the message of this thread's last failure into `buf`
+  /* Plugin fills (REQUIRED). Copies the message of this thread's last failure (of any instance
+   * of the library) into `buf`
    * (NUL-terminated, truncated to `len`). Must work before `initialize` and after a failed
    * entry call, so loading errors can be reported. */
   AnychipStatus (*last_error)(AnychipRuntime rt, char* buf, size_t len);

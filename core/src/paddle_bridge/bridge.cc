@@ -157,47 +157,37 @@ C_Status properties(const C_Device d, AnychipDeviceProperties* p) {
   return CALL(get_properties, d->id, p);
 }
 
-C_Status min_chunk_size(const C_Device d, size_t* out) {
+// Paddle asks for each property separately; all come from one get_properties call.
+template <typename T, typename Field>
+C_Status property(const C_Device d, T* out, Field field) {
   AnychipDeviceProperties p;
   if (C_Status s = properties(d, &p)) return s;
-  *out = p.min_chunk_size;
+  *out = static_cast<T>(field(p));
   return C_SUCCESS;
+}
+
+using Props = const AnychipDeviceProperties&;
+
+C_Status min_chunk_size(const C_Device d, size_t* out) {
+  return property(d, out, [](Props p) { return p.min_chunk_size; });
 }
 C_Status max_alloc_size(const C_Device d, size_t* out) {
-  AnychipDeviceProperties p;
-  if (C_Status s = properties(d, &p)) return s;
-  *out = p.max_alloc_size;
-  return C_SUCCESS;
+  return property(d, out, [](Props p) { return p.max_alloc_size; });
 }
 C_Status compute_capability(const C_Device d, size_t* out) {
-  AnychipDeviceProperties p;
-  if (C_Status s = properties(d, &p)) return s;
-  *out = static_cast<size_t>(p.compute_capability);
-  return C_SUCCESS;
+  return property(d, out, [](Props p) { return p.compute_capability; });
 }
 C_Status runtime_version(const C_Device d, size_t* out) {
-  AnychipDeviceProperties p;
-  if (C_Status s = properties(d, &p)) return s;
-  *out = p.runtime_version;
-  return C_SUCCESS;
+  return property(d, out, [](Props p) { return p.runtime_version; });
 }
 C_Status driver_version(const C_Device d, size_t* out) {
-  AnychipDeviceProperties p;
-  if (C_Status s = properties(d, &p)) return s;
-  *out = p.driver_version;
-  return C_SUCCESS;
+  return property(d, out, [](Props p) { return p.driver_version; });
 }
 C_Status fp16_supported(const C_Device d, bool* out) {
-  AnychipDeviceProperties p;
-  if (C_Status s = properties(d, &p)) return s;
-  *out = (p.dtypes & ANYCHIP_DTYPE_BIT(ANYCHIP_DTYPE_FLOAT16)) != 0;
-  return C_SUCCESS;
+  return property(d, out, [](Props p) { return (p.dtypes >> ANYCHIP_DTYPE_FLOAT16) & 1; });
 }
 C_Status bf16_supported(const C_Device d, bool* out) {
-  AnychipDeviceProperties p;
-  if (C_Status s = properties(d, &p)) return s;
-  *out = (p.dtypes & ANYCHIP_DTYPE_BIT(ANYCHIP_DTYPE_BFLOAT16)) != 0;
-  return C_SUCCESS;
+  return property(d, out, [](Props p) { return (p.dtypes >> ANYCHIP_DTYPE_BFLOAT16) & 1; });
 }
 
 // The config sits next to this very file, so each copy finds its own device.
