@@ -119,8 +119,10 @@ def test_anychip_device_environment_sets_the_default():
         print(anychip.get_device())
         anychip.set_device()
         import paddle
+        from anychip.paddle_frontend import place
         print(paddle.to_tensor([1.0]).place)
+        print(paddle.to_tensor([2.0], place=place("npu", 1)).place)
     """)
     result = run_python(code, env={"ANYCHIP_DEVICE": "gcu:1"})
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.split() == ["gcu:1", "Place(anychip_enflame:1)"]
+    assert result.stdout.split() == ["gcu:1", "Place(anychip_enflame:1)", "Place(anychip_ascend:1)"]
