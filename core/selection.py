@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 
-from .errors import HardwareRequiredError
 from .runtime.open import open_device, parse_device
 
 _current: str | None = None
@@ -38,5 +37,3 @@ def get_device() -> str:
     name, index = parse_device(default_device())
     return f"{name}:{index}"
 
-
-__all__ = ["set_device", "get_device", "default_device", "HardwareRequiredError"]

@@ -548,7 +548,7 @@ static AnychipStatus rt_stream_add_callback(Rt rt, int device, AnychipStream str
   AnychipStatus st = lock_device(rt, device, &dev);
   if (st != ANYCHIP_OK) return st;
   st = unlock(rt, check_stream(rt, device, stream));
-  /* All earlier work is done, so it runs now; outside the lock, so it may call back in. */
+  /* All earlier work is done, so it runs now, outside the lock (device.h: it may not call the runtime). */
   if (st == ANYCHIP_OK) callback(user_data, ANYCHIP_OK);
   return st;
 }
