@@ -8,9 +8,10 @@ Paddle exposes no hook for this; its only signal is one glog line per fallback, 
 kernel_factory.cc writes at verbosity 3 (``missing <type> kernel: <op>, expected_kernel_key:
 (<type>, <layout>, <dtype>), fallbacking to CPU one!``). The monitor turns that verbosity on for
 kernel_factory alone (through glog's SetVLOGLevel: setting $GLOG_vmodule instead makes Paddle
-3.3.1 corrupt its heap at exit, as its two glog copies both own the parsed list) and sends the process's stderr through a small filter process
-(``anychip.stderr_filter``) that counts those lines and passes every other byte through
-unchanged; a separate process, so a crash report still reaches the terminal. Strict mode (ANYCHIP_STRICT=1) instead turns Paddle's
+3.3.1 corrupt its heap at exit, as its two glog copies both own the parsed list) and sends the
+process's stderr through a small filter process (``anychip.stderr_filter``) that counts those
+lines and passes every other byte through unchanged; a separate process, so a crash report
+still reaches the terminal. Strict mode (ANYCHIP_STRICT=1) instead turns Paddle's
 fallback off (FLAGS_enable_api_kernel_fallback=0), so a missing kernel raises at the op.
 """
 
@@ -42,7 +43,7 @@ class FallbackMonitor:
         sys.stderr.flush()
         self._filter = subprocess.Popen(
             [sys.executable, "-m", "anychip.stderr_filter"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=os.dup(2), close_fds=True)
+            stdout=subprocess.PIPE, stderr=2, close_fds=True)
         self._saved_stderr = os.dup(2)
         os.dup2(self._filter.stdin.fileno(), 2)
         self._filter.stdin.close()  # fd 2 is now the only writer

@@ -86,16 +86,17 @@ def import_paddle():
             "anychip.paddle_frontend.import_paddle()) before `import paddle`")
     configs = _bridged_devices()
     os.environ["CUSTOM_DEVICE_ROOT"] = str(_write_root(configs))
+    count_fallbacks = bool(configs) and not fallback.strict()
     if fallback.strict():
         os.environ["FLAGS_enable_api_kernel_fallback"] = "0"
-    elif configs:
+    elif count_fallbacks:
         fallback.start_monitor({c["paddle_type"]: n for n, c in configs.items()})
     with warnings.catch_warnings():
         # Paddle warns about ccache at import for its JIT extension builder, which anychip doesn't use.
         warnings.filterwarnings("ignore", message="No ccache found")
         import paddle
 
-    if configs and not fallback.strict():
+    if count_fallbacks:
         fallback.log_paddle_fallbacks(paddle)
 
     _paddle = paddle

@@ -15,6 +15,7 @@ pytest.importorskip("paddle")
 TRAIN = textwrap.dedent("""
     import json, numpy as np, anychip
     import anychip.paddle_frontend as pf
+    from anychip.runtime.open import parse_device
     paddle = pf.import_paddle()
 
     def train(device, steps=5):
@@ -33,7 +34,7 @@ TRAIN = textwrap.dedent("""
             opt.step()
             opt.clear_grad()
             losses.append(float(loss))
-        assert str(model[0].weight.place).startswith("Place(" + pf.paddle_device_string(*device.split(":")[0:1], 0).split(":")[0])
+        assert str(model[0].weight.place) == str(pf.place(*parse_device(device)))
         return losses, [p.numpy().tolist() for p in model.parameters()]
 
     cpu_losses, cpu_params = train("cpu")
