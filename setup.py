@@ -15,10 +15,12 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 
-# Each native library, as (extension name, CMake output-dir variable, CMake target or None).
+# Each native library, as (extension name, CMake variable naming its output directory).
 LIBRARIES = [
     ("anychip._lib.libanychip_sim", "ANYCHIP_CORE_LIB_DIR"),
     ("anychip._lib.libanychip_paddle_bridge", "ANYCHIP_CORE_LIB_DIR"),
+    ("anychip._launcher", "ANYCHIP_LAUNCHER_DIR"),
+    ("anychip_plugins.cpu.libanychip_cpu_kernels", "ANYCHIP_CPU_PLUGIN_DIR"),
     ("anychip_plugins.gpu.libanychip_cuda", "ANYCHIP_GPU_PLUGIN_DIR"),
 ]
 
@@ -47,7 +49,7 @@ class CMakeBuild(build_ext):
         if not paddle_inc:
             print("anychip: paddlepaddle is not installed; building without the Paddle bridge", file=sys.stderr)
         configure = ["cmake", "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja",
-                     f"-DANYCHIP_PADDLE_INCLUDE_DIR={paddle_inc}"]
+                     f"-DANYCHIP_PADDLE_INCLUDE_DIR={paddle_inc}", f"-DPython_EXECUTABLE={sys.executable}"]
         configure += [f"-D{var}={path}" for var, path in out_dirs.items()]
         subprocess.check_call(configure)
         subprocess.check_call(["cmake", "--build", str(build_dir), "-j", str(os.cpu_count() or 2)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes as C
 
 ABI_MAJOR = 1
-ABI_MINOR = 0
+ABI_MINOR = 1
 
 OK = 0
 ERROR_INVALID_ARGUMENT = 1
@@ -101,6 +101,7 @@ FUNCTIONS = [
     ("event_elapsed_ms", _fn(I, Handle, Handle, C.POINTER(C.c_float)), False),
     ("synchronize_device", _fn(I), True),
     ("get_properties", _fn(I, C.POINTER(DeviceProperties)), True),
+    ("launch_host_function", _fn(I, Handle, C.c_void_p, C.c_void_p, C.c_void_p, C.c_int), False),
 ]
 
 
@@ -109,7 +110,7 @@ class DeviceInterface(C.Structure):
         [("struct_size", C.c_size_t), ("abi_version", C.c_uint32), ("padding0", C.c_uint32),
          ("runtime", Rt)]
         + [(name, ftype) for name, ftype, _ in FUNCTIONS]
-        + [("reserved", C.c_void_p * 32)]
+        + [("reserved", C.c_void_p * 31)]
     )
 
 

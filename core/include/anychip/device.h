@@ -50,7 +50,7 @@ extern "C" {
 #endif
 
 #define ANYCHIP_DEVICE_ABI_MAJOR 1
-#define ANYCHIP_DEVICE_ABI_MINOR 0
+#define ANYCHIP_DEVICE_ABI_MINOR 1
 #define ANYCHIP_DEVICE_ABI_VERSION ((ANYCHIP_DEVICE_ABI_MAJOR << 16) | ANYCHIP_DEVICE_ABI_MINOR)
 #define ANYCHIP_DEVICE_INIT_SYMBOL "anychip_device_init"
 
@@ -89,6 +89,15 @@ typedef struct AnychipEvent_st* AnychipEvent;
  * on the stream failed. It must not call any function of the runtime (CUDA forbids it, and a
  * synchronising call would deadlock the stream that runs it). */
 typedef void (*AnychipStreamCallback)(void* user_data, AnychipStatus status);
+
+/* Host code run as device work by `launch_host_function`; its status is the work's status. */
+typedef AnychipStatus (*AnychipHostFunction)(void* user_data);
+
+/* A byte range of device memory that a host function reads or writes. */
+typedef struct AnychipMemoryRange {
+  const void* ptr;
+  size_t size;
+} AnychipMemoryRange;
 
 typedef struct AnychipDeviceProperties {
   size_t struct_size;          /* caller fills: sizeof(AnychipDeviceProperties) */
@@ -228,9 +237,24 @@ typedef struct AnychipDeviceInterface {
   /* REQUIRED. Fills `props` (the caller sets props->struct_size). */
   AnychipStatus (*get_properties)(AnychipRuntime rt, int device, AnychipDeviceProperties* props);
 
+  /* ---- host-code kernels (ABI 1.1) ------------------------------------------------------- */
+
+  /* OPTIONAL (NULL: the device runs no host-code kernels; anychip then runs ops for it on the
+   * CPU through Paddle, counted as fallbacks). For devices whose memory the host CPU can address
+   * (anychip's simulator, the host itself): enqueues `fn(user_data)` on `stream` after all
+   * earlier work. While `fn` runs, the host may read and write exactly the `num_ranges` ranges
+   * listed, and each range must lie inside one live allocation (checked at the call:
+   * ANYCHIP_ERROR_INVALID_ARGUMENT names the range). The caller keeps `user_data` and `ranges`
+   * alive until the work completes (it synchronizes the stream). A non-OK status from `fn` is
+   * the work's error, reported by the next synchronize/query; `fn` leaves its own message
+   * wherever its caller asked (anychip/kernel.h: AnychipKernelCall.error). */
+  AnychipStatus (*launch_host_function)(AnychipRuntime rt, int device, AnychipStream stream,
+                                        AnychipHostFunction fn, void* user_data,
+                                        const AnychipMemoryRange* ranges, int num_ranges);
+
   /* Room to grow without breaking plugins built against this version: new functions take
    * these slots in order. Plugins leave them NULL. */
-  void* reserved[32];
+  void* reserved[31];
 } AnychipDeviceInterface;
 
 /* The entry point every plugin library exports. Fills `iface` (see "How a plugin is loaded").

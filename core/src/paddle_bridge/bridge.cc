@@ -249,6 +249,27 @@ bool load_device(std::string* error) {
 
 }  // namespace
 
+// anychip.ops launches host-code kernels through the copy of this library that Paddle loaded
+// for the tensors' device, so they run on the runtime instance that owns the tensors' memory,
+// in the order of Paddle's stream. Returns when the kernel has run (the caller's tensors and
+// descriptors need to live only for the call); on failure leaves a message in `error`.
+extern "C" __attribute__((visibility("default"))) int anychip_bridge_launch(
+    int device, void* stream, AnychipHostFunction fn, void* user_data,
+    const AnychipMemoryRange* ranges, int num_ranges, char* error, size_t error_size) {
+  if (g_iface.launch_host_function == nullptr) {
+    std::snprintf(error, error_size, "%s runs no host-code kernels (launch_host_function is NULL)",
+                  g_name.c_str());
+    return ANYCHIP_ERROR_UNSUPPORTED;
+  }
+  AnychipStatus status = g_iface.launch_host_function(g_iface.runtime, device, static_cast<AnychipStream>(stream), fn,
+                                                       user_data, ranges, num_ranges);
+  if (status == ANYCHIP_OK) status = g_iface.stream_synchronize(g_iface.runtime, device, static_cast<AnychipStream>(stream));
+  if (status != ANYCHIP_OK && g_iface.last_error != nullptr) {
+    g_iface.last_error(g_iface.runtime, error, error_size);
+  }
+  return status;
+}
+
 extern "C" __attribute__((visibility("default"))) void InitPlugin(CustomRuntimeParams* params) {
   PADDLE_CUSTOM_RUNTIME_CHECK_VERSION(params);
   std::string error;

@@ -339,6 +339,39 @@ AnychipStatus sim_stream_add_callback(Rt rt, int device, AnychipStream stream,
   return ANYCHIP_OK;
 }
 
+// ---- host-code kernels -------------------------------------------------------------------------
+
+// The simulated chip's compute: host code on the stream's worker thread. In checking mode only
+// the listed ranges are opened, so a kernel that strays outside its tensors crashes in tests.
+AnychipStatus sim_launch_host_function(Rt rt, int device, AnychipStream stream,
+                                       AnychipHostFunction fn, void* user_data,
+                                       const AnychipMemoryRange* ranges, int num_ranges) {
+  GET_DEV(rt, device, dev);
+  CHECK(check_stream(rt, device, dev, stream));
+  if (fn == nullptr) return fail(ANYCHIP_ERROR_INVALID_ARGUMENT, "fn is NULL");
+  if (num_ranges < 0 || (num_ranges > 0 && ranges == nullptr)) {
+    return fail(ANYCHIP_ERROR_INVALID_ARGUMENT, "ranges is NULL or num_ranges < 0");
+  }
+  std::vector<AnychipMemoryRange> list(ranges, ranges + num_ranges);
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (list[i].size == 0) continue;
+    std::string what = "ranges[" + std::to_string(i) + "]";
+    CHECK(AccessWindow(dev->arena.get(), list[i].ptr, list[i].size, what.c_str()).status());
+  }
+  stream->stream->enqueue([=](AnychipStatus) {
+    std::vector<std::unique_ptr<AccessWindow>> windows;
+    for (const AnychipMemoryRange& r : list) {
+      if (r.size == 0) continue;
+      windows.push_back(std::make_unique<AccessWindow>(dev->arena.get(), r.ptr, r.size, "range"));
+      if (windows.back()->status() != ANYCHIP_OK) return windows.back()->status();
+    }
+    AnychipStatus status = fn(user_data);
+    if (status != ANYCHIP_OK) return fail(status, "host function %p failed", reinterpret_cast<void*>(fn));
+    return ANYCHIP_OK;
+  });
+  return ANYCHIP_OK;
+}
+
 // ---- events ----------------------------------------------------------------------------------
 
 AnychipStatus sim_event_create(Rt rt, int device, AnychipEvent* event) {
@@ -542,6 +575,7 @@ extern "C" __attribute__((visibility("default"))) AnychipStatus anychip_device_i
   iface->event_elapsed_ms = sim_event_elapsed_ms;
   iface->synchronize_device = sim_synchronize_device;
   iface->get_properties = sim_get_properties;
+  iface->launch_host_function = sim_launch_host_function;
   iface->runtime = rt.release();  // owned by the caller's process for its lifetime
   return ANYCHIP_OK;
 }

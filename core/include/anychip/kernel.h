@@ -1,0 +1,134 @@
+/*
+ * anychip/kernel.h -- the kernel contract: how anychip hands tensors to a plugin's kernel.
+ *
+ * A kernel is a plain C function over tensor descriptors (AnychipKernelFn). It never sees a
+ * framework tensor or header: anychip.ops validates the arguments, allocates the outputs on the
+ * device, builds the descriptors and launches the kernel on the current stream. A plugin
+ * registers its kernels from Python (hook `anychip_register_kernels`, see anychip.hookspecs).
+ *
+ * Who checks what
+ *   anychip.ops has already checked, before the launch, everything the op table below states:
+ *   ranks, shapes, dtypes, the device, attribute ranges. A kernel may therefore assume a valid
+ *   call and only check what is specific to it (for example a shape it cannot handle), returning
+ *   ANYCHIP_ERROR_UNSUPPORTED with a message in `call->error`.
+ *
+ * Conventions for every op
+ *   - Tensors are dense and row-major (contiguous) unless the op says otherwise; `strides` are
+ *     still filled in (in elements) so a kernel can assert it.
+ *   - "float" below means the op's compute dtype, one of float32, bfloat16, float16: all float
+ *     inputs and outputs of one call share it unless a line names another dtype. Kernels
+ *     accumulate in float32 whatever the storage dtype.
+ *   - Optional inputs are trailing; `num_inputs` says whether they are present.
+ *   - attrs are doubles in the order listed; flags are 0.0 or 1.0.
+ *   - Outputs are written completely (no output is assumed zero-filled), except where an op
+ *     updates its outputs in place (adamw_step).
+ *
+ * The ops (kernel name: inputs -> outputs; attrs). B batch, S/Sq/Sk sequence lengths, H heads,
+ * D head dim, R rows (all leading dims flattened), N/K output/input features.
+ *
+ *   rms_norm:        x[..., C], weight[C], residual[..., C]? -> y[..., C], inv_rms f32[R],
+ *                    h[..., C] (only with residual; h = x + residual, the normalised input);
+ *                    attrs: eps.  y = h * inv_rms * weight, inv_rms = 1/sqrt(mean(h^2) + eps)
+ *   rms_norm_grad:   dy[..., C], h[..., C], weight[C], inv_rms f32[R], dh_extra[..., C]?
+ *                    -> dh[..., C], dweight[C] (weight's dtype); dh includes dh_extra
+ *   rotary_embedding: q[B,S,Hq,D], k[B,S,Hk,D], positions int64[B,S] -> q_out, k_out;
+ *                    attrs: theta.  Half-rotation (Llama/NeoX) layout: for i < D/2,
+ *                    f = pos * theta^(-2i/D) (float32), (a, b) = (x[i], x[i + D/2]),
+ *                    out[i] = a cos f - b sin f, out[i + D/2] = b cos f + a sin f
+ *   rotary_embedding_grad: dq_out, dk_out, positions -> dq, dk; attrs: theta (rotation by -f)
+ *   swiglu:          gate[...], up[...] -> y = silu(gate) * up
+ *   swiglu_grad:     dy, gate, up -> dgate, dup
+ *   attention:       q[B,Sq,Hq,D], k[B,Sk,Hk,D], v[B,Sk,Hk,D], mask bool[B|1, Hq|1, Sq, Sk]?
+ *                    -> o[B,Sq,Hq,D], lse f32[B,Hq,Sq]; attrs: scale, causal.
+ *                    Hq is a multiple of Hk; query head h reads kv head h / (Hq / Hk).
+ *                    Key j is visible to query i when mask[i, j] is true (if given) and, if
+ *                    causal, j <= i + Sk - Sq (bottom-right aligned, as with a KV cache).
+ *                    A query row that sees no key gets o = 0 and lse = -inf.
+ *   attention_grad:  do, q, k, v, o, lse, mask? -> dq, dk, dv; attrs: scale, causal
+ *   flashmask_attention: q, k, v as attention, startend_row_indices int32[B, Hm, Sk, E]
+ *                    with Hm in {1, Hk, Hq} and E in {1, 2, 4} -> o, lse; attrs: scale, causal.
+ *                    Column j of the mask for query head h is row (h * Hm / Hq) of dim 1.
+ *                    Query row i is hidden from key j when (causal and j > i + Sk - Sq) or
+ *                      E=1 (causal only):      i >= LTS[j]
+ *                      E=2, causal:            LTS[j] <= i < LTE[j]
+ *                      E=2, not causal:        i >= LTS[j] or i < UTE[j]
+ *                      E=4 (not causal only):  LTS[j] <= i < LTE[j] or UTS[j] <= i < UTE[j]
+ *                    (the columns of dim 3 are, in order, LTS, then LTE or UTE for E=2, and
+ *                    LTS, LTE, UTS, UTE for E=4). Every index lies in [0, Sq].
+ *                    Must equal `attention` with the equivalent dense mask bit for bit.
+ *   flashmask_attention_grad: do, q, k, v, o, lse, startend_row_indices -> dq, dk, dv
+ *   weight_quantize: w[K, N] float -> qweight, scales f32[N, G]; attrs: bits, group_size.
+ *                    group_size -1 means one group per output channel (G = 1), else
+ *                    G = K / group_size. Symmetric: scale = absmax(group) / qmax with
+ *                    qmax = 127 (8 bits) or 7 (4 bits), q = clamp(round(w / scale), -qmax, qmax)
+ *                    (a zero group gets scale 0 and q 0).
+ *                    bits 8: qweight int8[N, K], qweight[n, k] = q.
+ *                    bits 4: qweight uint8[N, K/2], K a multiple of 64; each row is a run of
+ *                    32-byte blocks, block b holding k = 64b .. 64b+63: byte i has q(64b+i)+8
+ *                    in its low nibble and q(64b+32+i)+8 in its high nibble.
+ *   weight_only_linear: x[..., K] float, qweight, scales f32[N, G], bias[N]? (float)
+ *                    -> y[..., N] float; attrs: bits, group_size.  y = x W^T + bias with
+ *                    W[n, k] = q[n, k] * scales[n, k / group_size]
+ *   weight_only_linear_grad: dy[..., N], qweight, scales -> dx[..., K]; attrs: bits, group_size
+ *   w8a8_linear:     x[..., K] float, qweight int8[N, K], scales f32[N, 1], bias[N]?
+ *                    -> y[..., N] float.  Each row of x is quantized to int8 on the fly with
+ *                    its own scale absmax(row) / 127, the products summed in int32.
+ *   adamw_step:      grads g_0..g_{n-1} -> params p_0..p_{n-1}, m_0..m_{n-1}, v_0..v_{n-1}
+ *                    updated in place (m, v float32; p and g share a float dtype);
+ *                    attrs: lr, beta1, beta2, eps, weight_decay, step (1-based).
+ *                    p -= lr * weight_decay * p; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+ *                    p -= lr * (m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps)
+ *
+ * Versioning: as in device.h, structs grow only at the end and carry their size.
+ */
+#ifndef ANYCHIP_KERNEL_H_
+#define ANYCHIP_KERNEL_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "anychip/device.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ANYCHIP_KERNEL_ABI_VERSION 1
+#define ANYCHIP_MAX_RANK 8
+
+/* One tensor as a kernel sees it. Filled by anychip; read-only to the kernel. */
+typedef struct AnychipTensor {
+  void* data;                        /* first element (a view's offset already applied) */
+  int32_t dtype;                     /* AnychipDtype */
+  int32_t rank;                      /* 0 .. ANYCHIP_MAX_RANK */
+  int64_t shape[ANYCHIP_MAX_RANK];
+  int64_t strides[ANYCHIP_MAX_RANK]; /* in elements, not bytes */
+  int32_t device;                    /* device index on the op's device type */
+  int32_t reserved;
+} AnychipTensor;
+
+/* One launch. Filled by anychip; the kernel writes only `error`. */
+typedef struct AnychipKernelCall {
+  size_t struct_size;                /* sizeof(AnychipKernelCall) of the caller */
+  const AnychipTensor* inputs;
+  int32_t num_inputs;
+  int32_t num_outputs;
+  const AnychipTensor* outputs;      /* the data they point to is the kernel's to write */
+  const double* attrs;
+  int32_t num_attrs;
+  int32_t num_threads;               /* host threads the kernel may use; 0: its own default */
+  AnychipStream stream;              /* the stream the launch is ordered on (NULL: host-synchronous) */
+  char* error;                       /* on failure, a NUL-terminated message (may be NULL) */
+  size_t error_size;
+  void* reserved[8];
+} AnychipKernelCall;
+
+/* A kernel. Returns ANYCHIP_OK, or an error with a message in call->error. It must not keep
+ * pointers from `call` after it returns. */
+typedef AnychipStatus (*AnychipKernelFn)(const AnychipKernelCall* call);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* ANYCHIP_KERNEL_H_ */
