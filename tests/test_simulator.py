@@ -81,3 +81,46 @@ def test_without_checking_direct_access_goes_unnoticed():
     result = run_python(READ_BEHIND_THE_RUNTIMES_BACK.format(checking=0))
     assert result.returncode == 0, result.stderr
     assert "direct read: 0" in result.stdout
+
+
+def test_host_functions_run_in_stream_order_with_only_their_buffers_open():
+    dev = small_device(checking=1)
+    data = dev.upload(np.arange(1024, dtype=np.float32))
+    out = dev.allocate(4096)
+    other = dev.upload(np.ones(1024, dtype=np.float32))
+    seen = []
+    with dev.stream() as s:
+        out.copy_from(data, stream=s)
+
+        def kernel():  # reads `out` directly: legal only inside the launch, on its open range
+            seen.append(np.ctypeslib.as_array((ctypes.c_float * 1024).from_address(out.ptr)).sum())
+
+        s.launch_host(kernel, [out])
+        s.synchronize()
+    assert seen == [float(np.arange(1024).sum())]
+    assert other.to_numpy(np.float32)[0] == 1.0
+
+
+def test_host_function_ranges_are_checked_at_the_call_and_errors_reach_synchronize():
+    dev = small_device(checking=1)
+    buf = dev.allocate(4096)
+    with dev.stream() as s:
+        with pytest.raises(InvalidArgumentError, match=r"ranges\[0\]"):
+            s.launch_host(lambda: None, [(_Unallocated(buf.ptr + (1 << 19)), 0, 16)])
+
+        def failing():
+            raise RuntimeError("kernel failed")
+
+        s.launch_host(failing, [buf])
+        with pytest.raises(Exception, match="host function"):
+            s.synchronize()
+
+
+class _Unallocated:
+    """A 'buffer' at an address the device never allocated."""
+
+    def __init__(self, ptr):
+        self.ptr, self.nbytes = ptr, 1 << 20
+
+    def _range(self, offset, nbytes, what):
+        return self.ptr + offset

@@ -26,6 +26,11 @@ Status = C.c_int
 Rt = C.c_void_p
 Handle = C.c_void_p
 Callback = C.CFUNCTYPE(None, C.c_void_p, C.c_int)
+HostFunction = C.CFUNCTYPE(Status, C.c_void_p)
+
+
+class MemoryRange(C.Structure):
+    _fields_ = [("ptr", C.c_void_p), ("size", C.c_size_t)]
 
 
 class DeviceProperties(C.Structure):
@@ -101,7 +106,7 @@ FUNCTIONS = [
     ("event_elapsed_ms", _fn(I, Handle, Handle, C.POINTER(C.c_float)), False),
     ("synchronize_device", _fn(I), True),
     ("get_properties", _fn(I, C.POINTER(DeviceProperties)), True),
-    ("launch_host_function", _fn(I, Handle, C.c_void_p, C.c_void_p, C.c_void_p, C.c_int), False),
+    ("launch_host_function", _fn(I, Handle, HostFunction, P, C.POINTER(MemoryRange), C.c_int), False),
 ]
 
 
