@@ -66,6 +66,7 @@ AnychipStatus fail(const AnychipKernelCall* call, AnychipStatus status, const ch
 }
 
 bool is_contiguous(const AnychipTensor& t) {
+  if (numel(t) == 0) return true;  // nothing to address (numpy gives such arrays stride 0)
   int64_t expected = 1;
   for (int i = t.rank - 1; i >= 0; --i) {
     if (t.shape[i] != 1 && t.strides[i] != expected) return false;
