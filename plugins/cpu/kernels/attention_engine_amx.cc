@@ -36,6 +36,10 @@ __mmask32 word_lanes(int count) {
   return _cvtu32_mask32(count >= 32 ? ~0u : count > 0 ? (1u << count) - 1 : 0u);
 }
 
+// GCC's _tile_loadd asm declares no memory read, so without this the compiler could move
+// earlier stores into a packed buffer past the tile loads that read it.
+inline void publish_stores() { asm volatile("" ::: "memory"); }
+
 void begin_thread() { _tile_loadconfig(&kTiles); }
 
 void end_thread() { _tile_release(); }
@@ -99,6 +103,7 @@ void scores(const void* qp, const void* kp, int m, int d, int n, float c, float 
   const auto* q = static_cast<const uint16_t*>(qp);
   const auto* k = static_cast<const uint32_t*>(kp);
   const int rows = static_cast<int>(round_up(m, 16));
+  publish_stores();
   for (int r0 = 0; r0 < rows; r0 += 32) {
     const bool two = r0 + 16 < rows;
     for (int j0 = 0; j0 < n; j0 += 32) {
@@ -148,6 +153,7 @@ void softmax(const float* t, int m, float* mx, float* l, float* alpha, void* p) 
 // acc[rows][Dp] += a[rows][kn] b[kn][Dp] on tiles: a bf16 (row stride lda), b in pair layout;
 // rows a multiple of 16, kn of 32.
 void tile_gemm(const uint16_t* a, int lda, int rows, const uint32_t* b, int kn, int dp, float* acc) {
+  publish_stores();
   for (int r0 = 0; r0 < rows; r0 += 32) {
     const bool two = r0 + 16 < rows;
     for (int c0 = 0; c0 < dp; c0 += 32) {

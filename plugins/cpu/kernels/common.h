@@ -41,7 +41,11 @@ inline int64_t numel(const AnychipTensor& t) {
   return n;
 }
 // Product of all dims but the last: the "rows" of a [..., C] tensor.
-inline int64_t rows(const AnychipTensor& t) { return t.rank == 0 ? 1 : numel(t) / t.shape[t.rank - 1]; }
+inline int64_t rows(const AnychipTensor& t) {
+  int64_t n = 1;
+  for (int i = 0; i + 1 < t.rank; ++i) n *= t.shape[i];
+  return n;
+}
 inline int64_t last_dim(const AnychipTensor& t) { return t.rank == 0 ? 1 : t.shape[t.rank - 1]; }
 bool is_contiguous(const AnychipTensor& t);
 

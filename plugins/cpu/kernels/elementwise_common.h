@@ -19,13 +19,6 @@ constexpr int64_t kStreamBytes = int64_t{8} << 20;
 // Start of part `i` of `n` near-equal parts of [0, total) (part i is [part(i), part(i + 1))).
 inline int64_t part(int64_t total, int64_t n, int64_t i) { return total * i / n; }
 
-// Rows of a [..., C] tensor: the product of the leading dims (rows() divides by C, which may be 0).
-inline int64_t leading(const AnychipTensor& t) {
-  int64_t n = 1;
-  for (int i = 0; i + 1 < t.rank; ++i) n *= t.shape[i];
-  return n;
-}
-
 // ANYCHIP_OK when every input and output of the call is contiguous, else UNSUPPORTED.
 inline AnychipStatus require_contiguous(const AnychipKernelCall* call, const char* op) {
   for (int i = 0; i < call->num_inputs; ++i) {

@@ -219,7 +219,7 @@ template <typename T>
 AnychipStatus forward(const AnychipKernelCall* call) {
   const bool with_residual = call->num_inputs > 2;
   const AnychipTensor& x = in(call, 0);
-  const int64_t R = leading(x), C = last_dim(x);
+  const int64_t R = rows(x), C = last_dim(x);
   std::vector<float> wbuf;
   Forward<T> a{data<const T>(x), with_residual ? data<const T>(in(call, 2)) : nullptr,
                weight_f32(data<const T>(in(call, 1)), C, wbuf), data<T>(out(call, 0)),
@@ -247,7 +247,7 @@ AnychipStatus forward(const AnychipKernelCall* call) {
 template <typename T>
 AnychipStatus backward(const AnychipKernelCall* call) {
   const AnychipTensor& dy = in(call, 0);
-  const int64_t R = leading(dy), C = last_dim(dy);
+  const int64_t R = rows(dy), C = last_dim(dy);
   std::vector<float> wbuf;
   Backward<T> a{data<const T>(dy), data<const T>(in(call, 1)), weight_f32(data<const T>(in(call, 2)), C, wbuf),
                 data<const float>(in(call, 3)), call->num_inputs > 4 ? data<const T>(in(call, 4)) : nullptr,

@@ -1,0 +1,122 @@
+// Private to the quantized-linear kernels (quant_*.cc): the weight layouts that weight_quantize
+// writes (kernel.h), their dequantization, and the GEMV / GEMM engines the kernels share.
+//
+// The engines work on one thread's share of the work; the kernels own the OpenMP regions,
+// except gemm_f32 and gemm_amx which parallelise over output column blocks themselves.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "common.h"
+
+namespace anychip::cpu::quant {
+
+// Round half away from zero (std::round / lroundf semantics), exact for |v| < 2^31 and
+// branch-free so that loops around it vectorise: v - trunc(v) is exact in float32.
+inline float round_half_away(float v) {
+  const float t = static_cast<float>(static_cast<int32_t>(v));
+  const float f = v - t;
+  return t + (f >= 0.5f ? 1.0f : 0.0f) - (f <= -0.5f ? 1.0f : 0.0f);
+}
+
+// A quantized weight W[N, K] as weight_quantize writes it.
+struct QWeight {
+  const uint8_t* q;      // bits 8: int8 [N, K]; bits 4: uint8 [N, K/2] in 64-wide nibble blocks
+  const float* scales;   // [N, groups]
+  int64_t n = 0, k = 0;
+  int64_t group = 0;     // elements per scale (K for group_size -1)
+  int64_t groups = 0;
+  int bits = 8;
+
+  int64_t row_bytes() const { return bits == 8 ? k : k / 2; }
+  const uint8_t* row(int64_t i) const { return q + i * row_bytes(); }
+  const float* row_scales(int64_t i) const { return scales + i * groups; }
+};
+
+// q[n][k] without its scale. 4 bits: block b = k / 64 is 32 bytes, byte i holding k = 64b + i
+// (low nibble) and 64b + 32 + i (high nibble), each stored as q + 8.
+inline int qvalue(const QWeight& w, int64_t n, int64_t k) {
+  const uint8_t* r = w.row(n);
+  if (w.bits == 8) return static_cast<int8_t>(r[k]);
+  const uint8_t b = r[(k >> 6) * 32 + (k & 31)];
+  return ((k & 32) ? (b >> 4) : (b & 15)) - 8;
+}
+
+// W[n][k0, k1) = q * scale (the float32 product) into out[0, k1 - k0).
+void dequant_row(const QWeight& w, int64_t n, int64_t k0, int64_t k1, float* out, Isa isa);
+
+// ---- float tensors -----------------------------------------------------------------------------
+
+inline int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
+inline bool is_float(int32_t dtype) {
+  return dtype == ANYCHIP_DTYPE_FLOAT32 || dtype == ANYCHIP_DTYPE_BFLOAT16 || dtype == ANYCHIP_DTYPE_FLOAT16;
+}
+// Element i of a float tensor.
+inline char* at(const AnychipTensor& t, int64_t i) {
+  return static_cast<char*>(t.data) + static_cast<size_t>(i) * (t.dtype == ANYCHIP_DTYPE_FLOAT32 ? 4 : 2);
+}
+
+// n elements of a float dtype to / from float32.
+void to_f32(const void* src, int32_t dtype, int64_t n, float* dst, Isa isa);
+void from_f32(const float* src, int64_t n, int32_t dtype, void* dst, Isa isa);
+float load_f32(const void* src, int32_t dtype, int64_t i);
+
+// Writes acc[i * ldacc + c] (+ bias[c0 + c]) into y[(r0 + i) * ld + c0 + c], i < rows, c < cols.
+void store_rows(const AnychipTensor& y, int64_t ld, int64_t r0, int64_t rows, int64_t c0, int64_t cols,
+                const float* acc, int64_t ldacc, const float* bias, Isa isa);
+
+// ---- decode-sized products (M <= kGemvRows): stream W once -----------------------------------
+
+constexpr int64_t kGemvRows = 8;
+
+// y[m][n] = sum_k x[m][k] W[n][k] for m < M, n in [n0, n1); x float32 [M][K], y float32 [M][ldy].
+void gemv(const QWeight& w, const float* x, int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy, Isa isa);
+
+// acc[i * ldacc + k - k0] += sum_n dy[i][n] W[n][k] for i < M, k in [k0, k1); dy float32 [M][N].
+// scratch holds 4 * (k1 - k0) floats.
+void gemv_grad(const QWeight& w, const float* dy, int64_t m, int64_t k0, int64_t k1, float* acc, int64_t ldacc,
+               float* scratch, Isa isa);
+
+// AMX bf16 version for bf16 x with at most 16 rows, K a multiple of 128 and groups of whole
+// 64-column blocks (4 bits) or 16 columns (8 bits), as gemv_amx_fits checks: x^T packed once by
+// pack_xt, then gemv_amx on any number of row ranges, on threads between amx_thread_begin(M)
+// and amx_thread_end(), each with its own scratch of kAmxGemvScratch elements.
+constexpr int64_t kAmxGemvScratch = 2 * 64 * 128;
+bool gemv_amx_fits(const QWeight& w, int64_t m);
+std::vector<uint8_t> pack_xt(const uint16_t* x, int64_t m, int64_t k);
+void gemv_amx(const QWeight& w, const uint8_t* xt, int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy,
+              uint16_t* scratch);
+void amx_thread_begin(int64_t m);
+void amx_thread_end();
+
+// ---- blocked products: C[M][J] = A[M][L] B[L][J] ----------------------------------------------
+
+// AVX-512 FMA. A is float32 (row stride lda). B is packed on demand, 64 columns at a time:
+// pack(j0, l0, lb, bp, scratch) writes bp[l][jj] = B[l0 + l][j0 + jj] for l < lb, jj < 64
+// (zeros for columns past J); scratch holds 16 * lb floats. store(m0, mb, j0, c) receives
+// C[m0 + i][j0 + jj] = c[i * 64 + jj] for i < mb and the columns jj < 64 that exist.
+using PackF32 = std::function<void(int64_t j0, int64_t l0, int64_t lb, float* bp, float* scratch)>;
+using StoreF32 = std::function<void(int64_t m0, int64_t mb, int64_t j0, const float* c)>;
+void gemm_f32(const float* a, int64_t lda, int64_t m, int64_t l, int64_t j, const PackF32& pack,
+              const StoreF32& store, int threads);
+
+// AMX. A is bf16 (tdpbf16ps) or int8 (tdpbssd), row stride lda bytes, with round_up(M, 32)
+// rows and the contraction padded with zeros to lp, a multiple of the tile depth d (32 bf16 or
+// 64 int8). pack(j0, nt, tiles, scratch) writes the B tiles of the nt column tiles from j0:
+// column tile t at tiles + t * (lp / d) KB holds, for each step s < lp / d, a 16 x 64-byte tile
+// whose row r, dword c packs the pair (bf16) or quad (int8) of contraction indices s * d +
+// (2 or 4) * r + 0, 1, ... of column j0 + 16 t + c; zeros for columns past J. scratch holds
+// 16 * lp floats.
+// store(m0, j0, c) receives the float32 or int32 C[m0 + i][j0 + jj] = c[i * 32 + jj], i, jj < 32
+// (rows past M and columns past J hold garbage and must be skipped).
+using PackAmx = std::function<void(int64_t j0, int64_t nt, uint8_t* tiles, float* scratch)>;
+using StoreAmx = std::function<void(int64_t m0, int64_t j0, const void* c)>;
+void gemm_amx(const uint8_t* a, int64_t lda, bool int8, int64_t m, int64_t lp, int64_t j, const PackAmx& pack,
+              const StoreAmx& store, int threads);
+
+// Transposes a 16 x 16 block of dwords: dst[c * ld_dst + r] = src[r * ld_src + c] (AVX-512).
+void transpose16(const uint32_t* src, int64_t ld_src, uint32_t* dst, int64_t ld_dst);
+
+}  // namespace anychip::cpu::quant

@@ -1,0 +1,155 @@
+// Dequantization of weight rows, float dtype conversion and a dword transpose, for the
+// quantized-linear kernels. Scalar and AVX-512 versions give the same values: W = float(q) * scale.
+#include <algorithm>
+
+#include "quant.h"
+#include "quant_simd.h"
+
+namespace anychip::cpu::quant {
+namespace {
+
+void dequant_row_scalar(const QWeight& w, int64_t n, int64_t k0, int64_t k1, float* out) {
+  const float* s = w.row_scales(n);
+  for (int64_t k = k0; k < k1;) {
+    const int64_t g = k / w.group, end = std::min(k1, (g + 1) * w.group);
+    for (; k < end; ++k) out[k - k0] = static_cast<float>(qvalue(w, n, k)) * s[g];
+  }
+}
+
+QUANT_AVX512 void dequant_row_avx512(const QWeight& w, int64_t n, int64_t k0, int64_t k1, float* out) {
+  const uint8_t* row = w.row(n);
+  const float* s = w.row_scales(n);
+  for (int64_t k = k0; k < k1;) {
+    const int64_t g = k / w.group, end = std::min(k1, (g + 1) * w.group);
+    if (w.bits == 8) {
+      const __m512 scale = _mm512_set1_ps(s[g]);
+      for (; k < end; k += 16) {
+        const __mmask16 m = lanes16(end - k);
+        const __m512i q = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, row + k));
+        _mm512_mask_storeu_ps(out + (k - k0), m, _mm512_mul_ps(_mm512_cvtepi32_ps(q), scale));
+      }
+    } else {
+      const __m512 table = _mm512_mul_ps(nibble_values(), _mm512_set1_ps(s[g]));
+      for (; k < end && (k & 15) != 0; ++k) out[k - k0] = static_cast<float>(qvalue(w, n, k)) * s[g];
+      for (; k + 16 <= end; k += 16) _mm512_storeu_ps(out + (k - k0), nibbles16(row, k, table));
+      for (; k < end; ++k) out[k - k0] = static_cast<float>(qvalue(w, n, k)) * s[g];
+    }
+    k = end;
+  }
+}
+
+QUANT_AVX512 void to_f32_avx512(const void* src, int32_t dtype, int64_t n, float* dst) {
+  const auto* h = static_cast<const uint16_t*>(src);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = lanes16(n - i);
+    const __m256i v = _mm256_maskz_loadu_epi16(m, h + i);
+    const __m512 f = dtype == ANYCHIP_DTYPE_FLOAT16
+                         ? _mm512_cvtph_ps(v)
+                         : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+    _mm512_mask_storeu_ps(dst + i, m, f);
+  }
+}
+
+QUANT_AVX512 void from_f32_avx512(const float* src, int64_t n, int32_t dtype, void* dst) {
+  auto* h = static_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = lanes16(n - i);
+    const __m512 f = _mm512_maskz_loadu_ps(m, src + i);
+    const __m256i v = dtype == ANYCHIP_DTYPE_FLOAT16 ? _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+                                                     : bf16x16(f);
+    _mm256_mask_storeu_epi16(h + i, m, v);
+  }
+}
+
+// 16 x 16 dwords in three rounds of 2 x 2 block swaps (32-bit, 64-bit, then 128-bit lanes twice).
+QUANT_AVX512 void transpose16_avx512(const uint32_t* src, int64_t ld_src, uint32_t* dst, int64_t ld_dst) {
+  __m512i r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + i * ld_src);
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  // r[4q + c] now holds, in 128-bit lane L, rows 4q..4q+3 of column 4L + c. Gathering lane L
+  // of r[c], r[4 + c], r[8 + c], r[12 + c] into one vector gives column 4L + c.
+  for (int c = 0; c < 4; ++c) {
+    t[c] = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x88);
+    t[4 + c] = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xdd);
+    t[8 + c] = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x88);
+    t[12 + c] = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xdd);
+  }
+  for (int c = 0; c < 4; ++c) {
+    r[c] = _mm512_shuffle_i32x4(t[c], t[8 + c], 0x88);
+    r[8 + c] = _mm512_shuffle_i32x4(t[c], t[8 + c], 0xdd);
+    r[4 + c] = _mm512_shuffle_i32x4(t[4 + c], t[12 + c], 0x88);
+    r[12 + c] = _mm512_shuffle_i32x4(t[4 + c], t[12 + c], 0xdd);
+  }
+  for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst + i * ld_dst, r[i]);
+}
+
+}  // namespace
+
+void dequant_row(const QWeight& w, int64_t n, int64_t k0, int64_t k1, float* out, Isa isa) {
+  if (isa == Isa::kScalar) {
+    dequant_row_scalar(w, n, k0, k1, out);
+  } else {
+    dequant_row_avx512(w, n, k0, k1, out);
+  }
+}
+
+void to_f32(const void* src, int32_t dtype, int64_t n, float* dst, Isa isa) {
+  if (dtype == ANYCHIP_DTYPE_FLOAT32) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+  } else if (isa != Isa::kScalar) {
+    to_f32_avx512(src, dtype, n, dst);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = load_f32(src, dtype, i);
+  }
+}
+
+void from_f32(const float* src, int64_t n, int32_t dtype, void* dst, Isa isa) {
+  if (dtype == ANYCHIP_DTYPE_FLOAT32) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+  } else if (isa != Isa::kScalar) {
+    from_f32_avx512(src, n, dtype, dst);
+  } else if (dtype == ANYCHIP_DTYPE_BFLOAT16) {
+    for (int64_t i = 0; i < n; ++i) static_cast<bf16*>(dst)[i] = from_float<bf16>(src[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) static_cast<fp16*>(dst)[i] = from_float<fp16>(src[i]);
+  }
+}
+
+float load_f32(const void* src, int32_t dtype, int64_t i) {
+  switch (dtype) {
+    case ANYCHIP_DTYPE_BFLOAT16: return to_float(static_cast<const bf16*>(src)[i]);
+    case ANYCHIP_DTYPE_FLOAT16: return to_float(static_cast<const fp16*>(src)[i]);
+    default: return static_cast<const float*>(src)[i];
+  }
+}
+
+void store_rows(const AnychipTensor& y, int64_t ld, int64_t r0, int64_t rows, int64_t c0, int64_t cols,
+                const float* acc, int64_t ldacc, const float* bias, Isa isa) {
+  float tmp[128];
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t c = 0; c < cols; c += 128) {
+      const int64_t n = std::min<int64_t>(128, cols - c);
+      const float* src = acc + i * ldacc + c;
+      if (bias != nullptr) {
+        for (int64_t j = 0; j < n; ++j) tmp[j] = src[j] + bias[c0 + c + j];
+        src = tmp;
+      }
+      from_f32(src, n, y.dtype, at(y, (r0 + i) * ld + c0 + c), isa);
+    }
+  }
+}
+
+void transpose16(const uint32_t* src, int64_t ld_src, uint32_t* dst, int64_t ld_dst) {
+  transpose16_avx512(src, ld_src, dst, ld_dst);
+}
+
+}  // namespace anychip::cpu::quant

@@ -1,0 +1,316 @@
+// weight_only_linear (y = x W^T + bias) and weight_only_linear_grad (dx = dy W), W dequantized
+// from weight_quantize's 4- or 8-bit layout.
+//
+// Decode sizes (M <= kGemvRows) stream W once, dequantizing in registers (quant_gemv.cc); with
+// AMX, bf16 x of 3 to 16 rows goes through tiles instead (quant_gemv_amx.cc). Larger M
+// dequantizes blocks of W into a scratch and runs a blocked product (quant_gemm.cc): AMX bf16
+// when x is bf16 and the CPU has AMX, AVX-512 FMA in float32 otherwise.
+#include <omp.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "quant.h"
+
+namespace anychip::cpu::quant {
+namespace {
+
+// The quantized weight of a call (inputs `qi`, `qi + 1`; attrs bits, group_size) for K inputs.
+AnychipStatus read_weight(const AnychipKernelCall* call, int qi, int64_t k, QWeight* w, const char* what) {
+  const AnychipTensor& q = in(call, qi);
+  const AnychipTensor& s = in(call, qi + 1);
+  const int bits = static_cast<int>(attr(call, 0));
+  const int64_t group_size = static_cast<int64_t>(attr(call, 1, -1));
+  if (bits != 4 && bits != 8) return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: bits %d is not 4 or 8", what, bits);
+  if (q.rank != 2 || s.rank != 2 || s.dtype != ANYCHIP_DTYPE_FLOAT32 || !is_contiguous(q) || !is_contiguous(s))
+    return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: qweight and scales must be contiguous 2-D, scales float32", what);
+  w->q = static_cast<const uint8_t*>(q.data);
+  w->scales = static_cast<const float*>(s.data);
+  w->bits = bits;
+  w->n = q.shape[0];
+  w->k = k;
+  w->group = group_size <= 0 ? k : group_size;
+  w->groups = s.shape[1];
+  if (k <= 0 || k % w->group != 0 || k / w->group != w->groups || s.shape[0] != w->n)
+    return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: scales [%lld, %lld] do not fit K = %lld, group_size %lld", what,
+                static_cast<long long>(s.shape[0]), static_cast<long long>(s.shape[1]), static_cast<long long>(k),
+                static_cast<long long>(group_size));
+  if (bits == 4 && k % 64 != 0)
+    return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: 4-bit weights need K %% 64 == 0 (K = %lld)", what,
+                static_cast<long long>(k));
+  if (q.shape[1] != w->row_bytes())
+    return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: qweight has %lld bytes per row, expected %lld", what,
+                static_cast<long long>(q.shape[1]), static_cast<long long>(w->row_bytes()));
+  return ANYCHIP_OK;
+}
+
+// `t` converted to float32 (itself when it is float32 already).
+const float* as_f32(const AnychipTensor& t, int64_t n, std::vector<float>& buffer, Isa isa, int threads) {
+  if (t.dtype == ANYCHIP_DTYPE_FLOAT32) return static_cast<const float*>(t.data);
+  buffer.resize(static_cast<size_t>(n));
+  const int64_t chunk = 1 << 14;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t i = 0; i < n; i += chunk)
+    to_f32(at(t, i), t.dtype, std::min(chunk, n - i), buffer.data() + i, isa);
+  return buffer.data();
+}
+
+// A bf16 copy of rows x cols `t` padded with zeros to [rows_p][cols_p], for AMX tiles.
+std::vector<uint16_t> padded_bf16(const AnychipTensor& t, int64_t rows, int64_t cols, int64_t rows_p, int64_t cols_p,
+                                  int threads) {
+  std::vector<uint16_t> out(static_cast<size_t>(rows_p * cols_p), 0);
+  const auto* src = static_cast<const uint16_t*>(t.data);
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(out.data() + r * cols_p, src + r * cols, static_cast<size_t>(cols) * 2);
+  return out;
+}
+
+// ---- forward ------------------------------------------------------------------------------------
+
+// Blocks of rows of W (a multiple of the tiles' 4 rows) handed out as threads come free, so a
+// thread that the OS delays does not hold up the others.
+constexpr int64_t kGemvBlock = 64;
+
+// From this many rows of bf16 x, AMX beats the float32 GEMV (which streams W alone at M <= 2).
+constexpr int64_t kAmxGemvMinRows = 3;
+
+void forward_gemv(const QWeight& w, const float* x, int64_t m, const AnychipTensor& y, const float* bias, Isa isa,
+                  int threads) {
+  std::vector<float> acc(static_cast<size_t>(m * w.n));
+  const int64_t blocks = (w.n + kGemvBlock - 1) / kGemvBlock;
+#pragma omp parallel for num_threads(threads) schedule(dynamic)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t n0 = b * kGemvBlock, n1 = std::min(w.n, n0 + kGemvBlock);
+    gemv(w, x, m, n0, n1, acc.data(), w.n, isa);
+    store_rows(y, w.n, 0, m, n0, n1 - n0, acc.data() + n0, w.n, bias, isa);
+  }
+}
+
+void forward_gemv_amx(const QWeight& w, const AnychipTensor& x, int64_t m, const AnychipTensor& y, const float* bias,
+                      Isa isa, int threads) {
+  const std::vector<uint8_t> xt = pack_xt(static_cast<const uint16_t*>(x.data), m, w.k);
+  std::vector<float> acc(static_cast<size_t>(m * w.n));
+  const int64_t blocks = (w.n + kGemvBlock - 1) / kGemvBlock;
+#pragma omp parallel num_threads(threads)
+  {
+    amx_thread_begin(m);
+    std::vector<uint16_t> scratch(static_cast<size_t>(kAmxGemvScratch));
+#pragma omp for schedule(dynamic)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t n0 = b * kGemvBlock, n1 = std::min(w.n, n0 + kGemvBlock);
+      gemv_amx(w, xt.data(), m, n0, n1, acc.data(), w.n, scratch.data());
+      store_rows(y, w.n, 0, m, n0, n1 - n0, acc.data() + n0, w.n, bias, isa);
+    }
+    amx_thread_end();
+  }
+}
+
+void forward_f32(const QWeight& w, const float* x, int64_t m, const AnychipTensor& y, const float* bias, Isa isa,
+                 int threads) {
+  // B[k][n] = W[n][k]: dequantize 16 rows of W, transpose 16 x 16 blocks into the packed panel.
+  auto pack = [&w](int64_t j0, int64_t l0, int64_t lb, float* bp, float* scratch) {
+    const int64_t ld = round_up(lb, 16);
+    for (int64_t r0 = 0; r0 < 64; r0 += 16) {
+      for (int64_t r = 0; r < 16; ++r) {
+        const int64_t n = j0 + r0 + r;
+        if (n < w.n) {
+          dequant_row(w, n, l0, l0 + lb, scratch + r * ld, Isa::kAvx512);
+        } else {
+          std::fill(scratch + r * ld, scratch + r * ld + lb, 0.0f);
+        }
+      }
+      for (int64_t l = 0; l < lb; l += 16)
+        transpose16(reinterpret_cast<const uint32_t*>(scratch + l), ld, reinterpret_cast<uint32_t*>(bp + l * 64 + r0),
+                    64);
+    }
+  };
+  auto store = [&](int64_t m0, int64_t mb, int64_t j0, const float* c) {
+    store_rows(y, w.n, m0, mb, j0, std::min<int64_t>(64, w.n - j0), c, 64, bias, isa);
+  };
+  gemm_f32(x, w.k, m, w.k, w.n, pack, store, threads);
+}
+
+void forward_amx(const QWeight& w, const AnychipTensor& x, int64_t m, const AnychipTensor& y, const float* bias,
+                 Isa isa, int threads) {
+  const int64_t kp = round_up(w.k, 32);
+  const std::vector<uint16_t> a = padded_bf16(x, m, w.k, round_up(m, 32), kp, threads);
+  // B[k][n] = W[n][k] in bf16 pairs: 16 rows of W dequantized, then 16 x 16 dword transposes.
+  auto pack = [&w, kp](int64_t j0, int64_t nt, uint8_t* tiles, float* scratch) {
+    auto* rows = reinterpret_cast<uint16_t*>(scratch);  // [16][kp] bf16
+    float* row = scratch + 8 * kp;                       // one row in float32
+    for (int64_t t = 0; t < nt; ++t) {
+      for (int64_t r = 0; r < 16; ++r) {
+        const int64_t n = j0 + 16 * t + r;
+        uint16_t* dst = rows + r * kp;
+        if (n < w.n) {
+          dequant_row(w, n, 0, w.k, row, Isa::kAvx512);
+          from_f32(row, w.k, ANYCHIP_DTYPE_BFLOAT16, dst, Isa::kAvx512);
+          std::fill(dst + w.k, dst + kp, uint16_t{0});
+        } else {
+          std::fill(dst, dst + kp, uint16_t{0});
+        }
+      }
+      uint8_t* out = tiles + t * (kp / 32) * 1024;
+      for (int64_t s = 0; s < kp / 32; ++s)
+        transpose16(reinterpret_cast<const uint32_t*>(rows) + 16 * s, kp / 2,
+                    reinterpret_cast<uint32_t*>(out + s * 1024), 16);
+    }
+  };
+  auto store = [&](int64_t m0, int64_t j0, const void* c) {
+    store_rows(y, w.n, m0, std::min<int64_t>(32, m - m0), j0, std::min<int64_t>(32, w.n - j0),
+               static_cast<const float*>(c), 32, bias, isa);
+  };
+  gemm_amx(reinterpret_cast<const uint8_t*>(a.data()), kp * 2, false, m, kp, w.n, pack, store, threads);
+}
+
+// ---- grad ---------------------------------------------------------------------------------------
+
+void grad_gemv(const QWeight& w, const float* dy, int64_t m, const AnychipTensor& dx, Isa isa, int threads) {
+  std::vector<float> acc(static_cast<size_t>(m * w.k), 0.0f);
+  // Columns of dx in chunks whose accumulators (m rows) stay within L1.
+  const int64_t chunk = std::max<int64_t>(64, 8192 / m / 64 * 64);
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t share = round_up((w.k + nt - 1) / nt, 64);
+    const int64_t k0 = std::min(w.k, t * share), k1 = std::min(w.k, k0 + share);
+    std::vector<float> scratch(static_cast<size_t>(4 * std::min(chunk, share)));
+    for (int64_t c = k0; c < k1; c += chunk) {
+      const int64_t c1 = std::min(k1, c + chunk);
+      gemv_grad(w, dy, m, c, c1, acc.data() + c, w.k, scratch.data(), isa);
+    }
+    if (k0 < k1) store_rows(dx, w.k, 0, m, k0, k1 - k0, acc.data() + k0, w.k, nullptr, isa);
+  }
+}
+
+void grad_f32(const QWeight& w, const float* dy, int64_t m, const AnychipTensor& dx, Isa isa, int threads) {
+  // B[n][k] = W[n][k]: rows of W dequantized straight into the packed panel.
+  auto pack = [&w](int64_t j0, int64_t l0, int64_t lb, float* bp, float*) {
+    const int64_t cols = std::min<int64_t>(64, w.k - j0);
+    for (int64_t l = 0; l < lb; ++l) {
+      dequant_row(w, l0 + l, j0, j0 + cols, bp + l * 64, Isa::kAvx512);
+      std::fill(bp + l * 64 + cols, bp + l * 64 + 64, 0.0f);
+    }
+  };
+  auto store = [&](int64_t m0, int64_t mb, int64_t j0, const float* c) {
+    store_rows(dx, w.k, m0, mb, j0, std::min<int64_t>(64, w.k - j0), c, 64, nullptr, isa);
+  };
+  gemm_f32(dy, w.n, m, w.n, w.k, pack, store, threads);
+}
+
+void grad_amx(const QWeight& w, const AnychipTensor& dy, int64_t m, const AnychipTensor& dx, Isa isa, int threads) {
+  const int64_t np = round_up(w.n, 32);
+  const std::vector<uint16_t> a = padded_bf16(dy, m, w.n, round_up(m, 32), np, threads);
+  // B[n][k] = W[n][k] in bf16 pairs of rows n = 2p, 2p + 1, interleaved per column.
+  auto pack = [&w, np](int64_t j0, int64_t nt, uint8_t* tiles, float* scratch) {
+    const int64_t cols = std::min(16 * nt, w.k - j0), steps = np / 32;
+    float* even = scratch;
+    float* odd = scratch + 16 * nt;
+    for (int64_t p = 0; p < np / 2; ++p) {
+      for (int64_t h = 0; h < 2; ++h) {
+        float* dst = h == 0 ? even : odd;
+        const int64_t n = 2 * p + h;
+        if (n < w.n) {
+          dequant_row(w, n, j0, j0 + cols, dst, Isa::kAvx512);
+          std::fill(dst + cols, dst + 16 * nt, 0.0f);
+        } else {
+          std::fill(dst, dst + 16 * nt, 0.0f);
+        }
+      }
+      for (int64_t c = 0; c < 16 * nt; ++c) {
+        const uint32_t pair = from_float<bf16>(even[c]).bits | (uint32_t{from_float<bf16>(odd[c]).bits} << 16);
+        uint8_t* tile = tiles + ((c / 16) * steps + p / 16) * 1024;
+        std::memcpy(tile + (p % 16) * 64 + (c % 16) * 4, &pair, 4);
+      }
+    }
+  };
+  auto store = [&](int64_t m0, int64_t j0, const void* c) {
+    store_rows(dx, w.k, m0, std::min<int64_t>(32, m - m0), j0, std::min<int64_t>(32, w.k - j0),
+               static_cast<const float*>(c), 32, nullptr, isa);
+  };
+  gemm_amx(reinterpret_cast<const uint8_t*>(a.data()), np * 2, false, m, np, w.k, pack, store, threads);
+}
+
+}  // namespace
+}  // namespace anychip::cpu::quant
+
+using namespace anychip::cpu;
+using namespace anychip::cpu::quant;
+
+ANYCHIP_CPU_KERNEL(weight_only_linear) {
+  const char* what = "weight_only_linear";
+  if (call->num_inputs < 3 || call->num_outputs < 1)
+    return fail(call, ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: expects x, qweight, scales, bias? -> y", what);
+  const AnychipTensor& x = in(call, 0);
+  const AnychipTensor* bias = call->num_inputs > 3 ? &in(call, 3) : nullptr;
+  const AnychipTensor& y = out(call, 0);
+  if (!is_float(x.dtype) || y.dtype != x.dtype || (bias != nullptr && bias->dtype != x.dtype))
+    return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: x, bias and y must share a float dtype", what);
+  if (!is_contiguous(x) || !is_contiguous(y) || (bias != nullptr && !is_contiguous(*bias)))
+    return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: tensors must be contiguous", what);
+  QWeight w;
+  if (AnychipStatus st = read_weight(call, 1, last_dim(x), &w, what); st != ANYCHIP_OK) return st;
+  const int64_t m = rows(x);
+  if (m == 0 || w.n == 0) return ANYCHIP_OK;
+  const Isa isa = anychip::cpu::isa();
+  const int nt = threads(call);
+  std::vector<float> bias_f;
+  if (bias != nullptr) {
+    bias_f.resize(static_cast<size_t>(w.n));
+    to_f32(bias->data, bias->dtype, w.n, bias_f.data(), isa);
+  }
+  const float* b = bias != nullptr ? bias_f.data() : nullptr;
+  if (isa == Isa::kAmx && x.dtype == ANYCHIP_DTYPE_BFLOAT16) {
+    if (m >= kAmxGemvMinRows && gemv_amx_fits(w, m)) {
+      forward_gemv_amx(w, x, m, y, b, isa, nt);
+      return ANYCHIP_OK;
+    }
+    if (m > kGemvRows) {
+      forward_amx(w, x, m, y, b, isa, nt);
+      return ANYCHIP_OK;
+    }
+  }
+  std::vector<float> buffer;
+  const float* xf = as_f32(x, m * w.k, buffer, isa, nt);
+  if (isa == Isa::kScalar || m <= kGemvRows) {
+    forward_gemv(w, xf, m, y, b, isa, nt);
+  } else {
+    forward_f32(w, xf, m, y, b, isa, nt);
+  }
+  return ANYCHIP_OK;
+}
+
+ANYCHIP_CPU_KERNEL(weight_only_linear_grad) {
+  const char* what = "weight_only_linear_grad";
+  if (call->num_inputs < 3 || call->num_outputs < 1)
+    return fail(call, ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: expects dy, qweight, scales -> dx", what);
+  const AnychipTensor& dy = in(call, 0);
+  const AnychipTensor& dx = out(call, 0);
+  if (!is_float(dy.dtype) || dx.dtype != dy.dtype)
+    return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: dy and dx must share a float dtype", what);
+  if (!is_contiguous(dy) || !is_contiguous(dx))
+    return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: tensors must be contiguous", what);
+  QWeight w;
+  if (AnychipStatus st = read_weight(call, 1, last_dim(dx), &w, what); st != ANYCHIP_OK) return st;
+  if (last_dim(dy) != w.n)
+    return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: dy has %lld features, qweight %lld", what,
+                static_cast<long long>(last_dim(dy)), static_cast<long long>(w.n));
+  const int64_t m = rows(dy);
+  if (m == 0) return ANYCHIP_OK;
+  const Isa isa = anychip::cpu::isa();
+  const int nt = threads(call);
+  const bool small = m <= kGemvRows || w.n == 0;  // N = 0: dx = 0, from the zeroed accumulators
+  if (isa == Isa::kAmx && dy.dtype == ANYCHIP_DTYPE_BFLOAT16 && !small) {
+    grad_amx(w, dy, m, dx, isa, nt);
+    return ANYCHIP_OK;
+  }
+  std::vector<float> buffer;
+  const float* dyf = as_f32(dy, m * w.n, buffer, isa, nt);
+  if (isa == Isa::kScalar || small) {
+    grad_gemv(w, dyf, m, dx, isa, nt);
+  } else {
+    grad_f32(w, dyf, m, dx, isa, nt);
+  }
+  return ANYCHIP_OK;
+}

@@ -1,0 +1,331 @@
+"""The host kernels weight_quantize, weight_only_linear(_grad) and w8a8_linear against numpy.
+
+The oracle quantizes exactly as kernel.h states (float32 scale = absmax / qmax, float32 w / scale,
+round half away from zero as sign(v) * floor(|v| + 0.5)), so qweight and scales must match bit
+for bit; products are checked in float64 against the dequantized weights, and w8a8_linear is
+emulated exactly (int64 sums, then the same float32 operations), so it too must match bit for bit.
+Every ISA path (scalar, AVX-512, AMX) runs in a subprocess with ANYCHIP_CPU_ISA set.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from anychip.kernels import NativeKernel
+from anychip_plugins.cpu.host_kernels import LIBRARY
+
+FLOATS = ("float32", "bfloat16", "float16")
+
+
+def kernel(name: str) -> NativeKernel:
+    return NativeKernel(str(LIBRARY), f"anychip_cpu_{name}")
+
+
+# ---- float storage ------------------------------------------------------------------------------
+
+def to_bf16_bits(a: np.ndarray) -> np.ndarray:
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def from_bf16_bits(b: np.ndarray) -> np.ndarray:
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+def store(values: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 values in the storage numpy uses for `dtype` (bf16 as uint16 bits)."""
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    if dtype == "bfloat16":
+        return to_bf16_bits(values)
+    return values.astype(np.float16) if dtype == "float16" else values
+
+
+def value(stored: np.ndarray, dtype: str) -> np.ndarray:
+    """The exact values of a stored tensor, as float64."""
+    if dtype == "bfloat16":
+        return from_bf16_bits(stored).astype(np.float64)
+    return stored.astype(np.float64)
+
+
+def empty(shape, dtype: str) -> np.ndarray:
+    return np.full(shape, 0x7FC0 if dtype == "bfloat16" else np.nan,
+                   dtype={"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}[dtype])
+
+
+def names(*dtypes):
+    return [d if d == "bfloat16" else None for d in dtypes]
+
+
+# ---- oracle -------------------------------------------------------------------------------------
+
+def round_half_away(v: np.ndarray) -> np.ndarray:
+    return np.sign(v) * np.floor(np.abs(v.astype(np.float64)) + 0.5)
+
+
+def quantize_ref(w: np.ndarray, bits: int, group_size: int):
+    """w [K, N] (values exact in float32) -> q int8 [N, K], scales float32 [N, G]."""
+    k, n = w.shape
+    g = k if group_size == -1 else group_size
+    qmax = np.float32(127 if bits == 8 else 7)
+    wt = np.ascontiguousarray(w.T, dtype=np.float32).reshape(n, k // g, g)
+    scale = np.abs(wt).max(axis=2) / qmax
+    safe = np.where(scale > 0, scale, np.float32(1))
+    v = np.clip(wt / safe[..., None], -qmax, qmax)
+    q = np.where(scale[..., None] > 0, round_half_away(v), 0)
+    return q.reshape(n, k).astype(np.int8), scale.astype(np.float32)
+
+
+def pack4(q: np.ndarray) -> np.ndarray:
+    """kernel.h's 4-bit layout: per 64 k a 32-byte block, byte i = (q[i] + 8) | (q[32 + i] + 8) << 4."""
+    n, k = q.shape
+    u = (q.astype(np.int16) + 8).astype(np.uint8).reshape(n, k // 64, 2, 32)
+    return (u[:, :, 0, :] | (u[:, :, 1, :] << 4)).reshape(n, k // 2)
+
+
+def dequantize(q: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    g = q.shape[1] // scales.shape[1]
+    return q.astype(np.float64) * np.repeat(scales.astype(np.float64), g, axis=1)
+
+
+def w8a8_ref(x: np.ndarray, qw: np.ndarray, ws: np.ndarray, bias) -> np.ndarray:
+    """float32 y of w8a8_linear for float32-exact x [M, K], bit for bit."""
+    x = x.astype(np.float32)
+    xs = (np.abs(x).max(axis=1) if x.shape[1] else np.zeros(len(x), np.float32)) / np.float32(127)
+    safe = np.where(xs > 0, xs, np.float32(1))
+    v = np.clip(x / safe[:, None], np.float32(-127), np.float32(127))
+    qx = np.where(xs[:, None] > 0, round_half_away(v), 0).astype(np.int64)
+    acc = qx @ qw.astype(np.int64).T
+    y = acc.astype(np.float32) * xs[:, None].astype(np.float32)
+    y = y * ws.reshape(1, -1).astype(np.float32)
+    if bias is not None:
+        y = y + bias.astype(np.float32)
+    return y
+
+
+def rounded(y32: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 results as the kernel stores them (round to nearest even), exact values."""
+    return value(store(y32, dtype), dtype)
+
+
+def tolerance(dtype: str) -> float:
+    """Error bound relative to sum |x| |W|: float32 accumulation, the output's rounding (2^-8
+    for bf16, 2^-11 for fp16) and, for bf16, the AMX paths' rounding of W to bf16 (2^-8)."""
+    return {"float32": 4e-6, "float16": 1e-3, "bfloat16": 9e-3}[dtype]
+
+
+# ---- one case per kernel ------------------------------------------------------------------------
+
+def quantized_weight(rng, k, n, dtype, bits, group_size):
+    w_stored = store(rng.standard_normal((k, n)).astype(np.float32) * 0.5, dtype)
+    w = value(w_stored, dtype)
+    w[:, 0] = 0.0  # a zero channel: scale 0, q 0
+    w_stored = store(w, dtype)
+    q, scales = quantize_ref(w, bits, group_size)
+    packed = q if bits == 8 else pack4(q)
+    return w_stored, q, packed, scales
+
+
+def check_quantize(rng, k, n, dtype, bits, group_size):
+    w_stored, q, packed, scales = quantized_weight(rng, k, n, dtype, bits, group_size)
+    qw = np.full(packed.shape, 0x55, dtype=packed.dtype)
+    sc = np.full(scales.shape, np.nan, dtype=np.float32)
+    kernel("weight_quantize").run_host([w_stored], [qw, sc], [bits, group_size], dtypes=names(dtype, "", ""))
+    np.testing.assert_array_equal(sc, scales)
+    np.testing.assert_array_equal(qw, packed)
+
+
+def check_linear(rng, m, k, n, dtype, bits, group_size, with_bias):
+    _, q, packed, scales = quantized_weight(rng, k, n, dtype, bits, group_size)
+    x_stored = store(rng.standard_normal((m, k)), dtype)
+    x = value(x_stored, dtype)
+    w = dequantize(q, scales)
+    inputs, dts = [x_stored, packed, scales], [dtype, "", ""]
+    ref, bound = x @ w.T, np.abs(x) @ np.abs(w).T
+    if with_bias:
+        b_stored = store(rng.standard_normal(n), dtype)
+        inputs.append(b_stored)
+        dts.append(dtype)
+        ref, bound = ref + value(b_stored, dtype), bound + np.abs(value(b_stored, dtype))
+    y = empty((m, n), dtype)
+    kernel("weight_only_linear").run_host(inputs, [y], [bits, group_size], dtypes=names(*dts, dtype))
+    err = np.abs(value(y, dtype) - ref)
+    assert np.all(err <= tolerance(dtype) * bound + 1e-30), f"max excess {np.max(err - tolerance(dtype) * bound)}"
+
+
+def check_grad(rng, m, k, n, dtype, bits, group_size):
+    _, q, packed, scales = quantized_weight(rng, k, n, dtype, bits, group_size)
+    dy_stored = store(rng.standard_normal((m, n)), dtype)
+    dy = value(dy_stored, dtype)
+    w = dequantize(q, scales)
+    dx = empty((m, k), dtype)
+    kernel("weight_only_linear_grad").run_host([dy_stored, packed, scales], [dx], [bits, group_size],
+                                               dtypes=names(dtype, "", "", dtype))
+    err = np.abs(value(dx, dtype) - dy @ w)
+    bound = np.abs(dy) @ np.abs(w)
+    assert np.all(err <= tolerance(dtype) * bound + 1e-30), f"max excess {np.max(err - tolerance(dtype) * bound)}"
+
+
+def check_w8a8(rng, m, k, n, dtype, with_bias):
+    _, q, _, scales = quantized_weight(rng, k, n, "float32", 8, -1)
+    x_stored = store(rng.standard_normal((m, k)) * np.exp(rng.uniform(-3, 3, (m, 1))), dtype)
+    if m > 1:
+        x_stored[1] = store(np.zeros(k), dtype)  # a zero row: scale 0
+    inputs, dts = [x_stored, q, scales], [dtype, "", ""]
+    bias = None
+    if with_bias:
+        b_stored = store(rng.standard_normal(n), dtype)
+        bias = value(b_stored, dtype)
+        inputs.append(b_stored)
+        dts.append(dtype)
+    y = empty((m, n), dtype)
+    kernel("w8a8_linear").run_host(inputs, [y], [], dtypes=names(*dts, dtype))
+    np.testing.assert_array_equal(value(y, dtype), rounded(w8a8_ref(value(x_stored, dtype), q, scales, bias), dtype))
+
+
+def isa_cases(seed: int = 0) -> None:
+    """Every kernel, dtype, bit width and group size at decode and prefill sizes (for one ISA)."""
+    rng = np.random.default_rng(seed)
+    for dtype in FLOATS:
+        for bits in (4, 8):
+            for group_size in (-1, 64, 128, 32):
+                check_quantize(rng, 256, 19, dtype, bits, group_size)
+                for m in (1, 5, 8, 37):
+                    check_linear(rng, m, 256 if m < 37 else 384, 21, dtype, bits, group_size, with_bias=m != 5)
+                    check_grad(rng, m, 384 if m < 37 else 256, 23, dtype, bits, group_size)
+        for m in (1, 7, 40):
+            check_w8a8(rng, m, 200, 29, dtype, with_bias=m != 7)
+
+
+# ---- tests --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group_size", [-1, 64, 128])
+def test_weight_quantize(dtype, bits, group_size):
+    rng = np.random.default_rng(bits * 1000 + group_size)
+    for k, n in ((128, 1), (256, 37), (512, 70)):
+        check_quantize(rng, k, n, dtype, bits, group_size)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_weight_quantize_rounds_half_away_from_zero(bits):
+    qmax = 127 if bits == 8 else 7
+    # absmax qmax gives scale 1, so w / scale lands exactly on the halves.
+    col = np.array([qmax, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5] + [0.0] * 56, dtype=np.float32)
+    w = np.stack([col, -col], axis=1)
+    q, scales = quantize_ref(w, bits, -1)
+    assert list(q[0, 1:8]) == [1, 2, 3, -1, -2, -3, 4]
+    qw = np.zeros((2, 64) if bits == 8 else (2, 32), dtype=np.int8 if bits == 8 else np.uint8)
+    sc = np.zeros((2, 1), dtype=np.float32)
+    kernel("weight_quantize").run_host([w], [qw, sc], [bits, -1])
+    np.testing.assert_array_equal(sc, scales)
+    np.testing.assert_array_equal(qw, q if bits == 8 else pack4(q))
+
+
+def test_weight_quantize_8bit_any_k():
+    check_quantize(np.random.default_rng(3), 300, 9, "float32", 8, 100)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group_size", [-1, 64, 128, 32])
+def test_weight_only_linear(dtype, bits, group_size):
+    rng = np.random.default_rng(7 + bits + group_size)
+    for m in (1, 2, 3, 8, 9, 61):
+        check_linear(rng, m, 384, 67, dtype, bits, group_size, with_bias=m % 2 == 1)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group_size", [-1, 64, 128, 32])
+def test_weight_only_linear_grad(dtype, bits, group_size):
+    rng = np.random.default_rng(11 + bits + group_size)
+    for m in (1, 4, 8, 13, 50):
+        check_grad(rng, m, 384, 67, dtype, bits, group_size)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_blocked_products_span_blocks(dtype):
+    # More rows than one pass over a packed block, contraction over several blocks, several
+    # column blocks; and an 8-bit K that is no multiple of 16 or 64 (masked tails).
+    rng = np.random.default_rng(5)
+    check_linear(rng, 500, 576, 131, dtype, 4, 64, with_bias=True)
+    check_grad(rng, 490, 384, 300, dtype, 4, 128)
+    check_linear(rng, 20, 300, 45, dtype, 8, 100, with_bias=True)
+    check_linear(rng, 3, 300, 45, dtype, 8, 100, with_bias=False)
+    check_grad(rng, 20, 300, 45, dtype, 8, 60)
+    check_grad(rng, 2, 300, 45, dtype, 8, -1)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_unusual_group_sizes(dtype):
+    # 48: groups change inside the 64-wide blocks; 24: no multiple of 16, the generic path.
+    rng = np.random.default_rng(23)
+    for group_size in (48, 24):
+        check_quantize(rng, 192, 7, dtype, 4, group_size)
+        for m in (1, 3, 12):
+            check_linear(rng, m, 192, 37, dtype, 4, group_size, with_bias=True)
+            check_grad(rng, m, 192, 37, dtype, 4, group_size)
+            check_linear(rng, m, 240, 37, dtype, 8, group_size, with_bias=False)
+            check_grad(rng, m, 240, 37, dtype, 8, group_size)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_w8a8_linear(dtype):
+    rng = np.random.default_rng(17)
+    for m, k, n in ((1, 64, 5), (3, 100, 33), (8, 256, 64), (17, 130, 70), (64, 512, 97)):
+        check_w8a8(rng, m, k, n, dtype, with_bias=m % 2 == 1)
+
+
+@pytest.mark.parametrize("m", [1, 6, 30])
+def test_leading_dims_are_rows(m):
+    rng = np.random.default_rng(m)
+    _, q, packed, scales = quantized_weight(rng, 128, 24, "float32", 4, 64)
+    x = rng.standard_normal((2, m, 128)).astype(np.float32)
+    y3, y2 = empty((2, m, 24), "float32"), empty((2 * m, 24), "float32")
+    kernel("weight_only_linear").run_host([x, packed, scales], [y3], [4, 64])
+    kernel("weight_only_linear").run_host([x.reshape(2 * m, 128), packed, scales], [y2], [4, 64])
+    np.testing.assert_array_equal(y3.reshape(2 * m, 24), y2)
+    dx = empty((2, m, 128), "float32")
+    kernel("weight_only_linear_grad").run_host([y3, packed, scales], [dx], [4, 64])
+    np.testing.assert_allclose(dx.reshape(2 * m, 128), y2 @ dequantize(q, scales), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("m", [2, 20])
+def test_grad_of_no_features_is_zero(m):
+    dx = np.full((m, 64), np.nan, np.float32)
+    kernel("weight_only_linear_grad").run_host(
+        [np.zeros((m, 0), np.float32), np.zeros((0, 32), np.uint8), np.zeros((0, 1), np.float32)], [dx], [4, -1])
+    np.testing.assert_array_equal(dx, 0)
+
+
+def test_w8a8_of_no_inputs_is_bias():
+    bias = np.arange(5, dtype=np.float32)
+    y = np.full((3, 5), np.nan, np.float32)
+    kernel("w8a8_linear").run_host([np.zeros((3, 0), np.float32), np.zeros((5, 0), np.int8),
+                                    np.ones((5, 1), np.float32), bias], [y], [])
+    np.testing.assert_array_equal(y, np.broadcast_to(bias, (3, 5)))
+
+
+def test_rejects_what_it_cannot_do():
+    w = np.zeros((96, 8), np.float32)
+    with pytest.raises(RuntimeError, match="K"):
+        kernel("weight_quantize").run_host([w], [np.zeros((8, 48), np.uint8), np.zeros((8, 1), np.float32)], [4, -1])
+    x = np.zeros((4, 128), np.float32)[:, ::2]
+    qw, sc = np.zeros((8, 32), np.uint8), np.zeros((8, 1), np.float32)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        kernel("weight_only_linear").run_host([x, qw, sc], [np.zeros((4, 8), np.float32)], [4, -1])
+
+
+@pytest.mark.parametrize("isa", ["scalar", "avx512", "amx"])
+def test_isa_path(isa):
+    code = ("import sys; sys.path.insert(0, {!r}); import test_kernels_quant as t; t.isa_cases()"
+            .format(os.path.dirname(__file__)))
+    env = dict(os.environ, ANYCHIP_CPU_ISA=isa)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
