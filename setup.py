@@ -64,7 +64,7 @@ setup(
     description="A plugin-based hardware abstraction layer for LLM work on PaddlePaddle",
     python_requires=">=3.10",
     package_dir={"anychip": "core", "anychip_plugins": "plugins"},
-    packages=["anychip", "anychip.runtime", "anychip.cli",
+    packages=["anychip", "anychip.runtime", "anychip.cli", "anychip.ops",
               "anychip_plugins", "anychip_plugins.cpu", "anychip_plugins.gpu", "anychip_plugins.xpu",
               "anychip_plugins.npu", "anychip_plugins.gcu", "anychip_plugins.dcu"],
     package_data={"anychip": ["include/anychip/*.h", "templates/plugin/*", "templates/plugin/*/*"]},

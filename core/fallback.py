@@ -1,4 +1,8 @@
-"""Counting the Paddle ops that fall back to the CPU on an anychip device.
+"""Counting the ops that fall back to the CPU on an anychip device.
+
+Two kinds are counted in one table: anychip ops (``anychip.ops``) that have no kernel for the
+device and dtype, which run their reference implementation instead (``record_op_fallback``),
+and Paddle ops that Paddle itself runs on the CPU, described next.
 
 A device without a kernel for an op makes Paddle run the op's CPU kernel, with copies through
 the plugin each way. That is correct but slow, and on a real chip it hides missing work, so
@@ -46,6 +50,7 @@ class FallbackMonitor:
             stdout=subprocess.PIPE, stderr=2, close_fds=True)
         self._saved_stderr = os.dup(2)
         os.dup2(self._filter.stdin.fileno(), 2)
+        self._pipe = os.fstat(2).st_ino
         self._filter.stdin.close()  # fd 2 is now the only writer
         self._reader = threading.Thread(target=self._read, name="anychip-fallbacks", daemon=True)
         self._reader.start()
@@ -65,6 +70,8 @@ class FallbackMonitor:
     def flush(self, timeout: float = 5.0) -> None:
         """Waits until everything written to stderr so far has been seen by the filter."""
         sys.stderr.flush()
+        if self._filter is None or os.fstat(2).st_ino != self._pipe:
+            return  # someone (e.g. pytest's capture) redirected fd 2 away from the filter
         with self._lock:
             self._next_sync += 1
             token = self._next_sync
@@ -101,6 +108,25 @@ def log_paddle_fallbacks(paddle) -> None:
 _monitor: FallbackMonitor | None = None
 
 
+_op_counts: collections.Counter = collections.Counter()
+_op_lock = threading.Lock()
+
+
+class KernelFallbackError(RuntimeError):
+    """Strict mode (ANYCHIP_STRICT=1) and an op has no kernel for the device and dtype."""
+
+
+def record_op_fallback(device: str, op: str, dtype: str, reason: str) -> None:
+    """Counts one call of anychip op ``op`` that ran its reference implementation instead of a
+    device kernel; in strict mode raises KernelFallbackError instead."""
+    if strict():
+        raise KernelFallbackError(
+            f"anychip.ops.{op} on {device} ({dtype}): {reason}, and strict mode (ANYCHIP_STRICT=1) "
+            "forbids running the reference implementation instead")
+    with _op_lock:
+        _op_counts[(device, f"anychip.{op}", dtype)] += 1
+
+
 def start_monitor(device_names: dict[str, str]) -> None:
     global _monitor
     if _monitor is None:
@@ -109,15 +135,20 @@ def start_monitor(device_names: dict[str, str]) -> None:
 
 
 def fallback_counts() -> dict[tuple[str, str, str], int]:
-    """{(device, op, dtype): times the op ran on the CPU instead of the device}."""
-    if _monitor is None:
-        return {}
-    _monitor.flush()
-    with _monitor._lock:
-        return dict(_monitor.counts)
+    """{(device, op, dtype): times the op ran on the CPU instead of the device}. anychip ops
+    appear as ``anychip.<op>``, Paddle ops under their Paddle name."""
+    with _op_lock:
+        counts = dict(_op_counts)
+    if _monitor is not None:
+        _monitor.flush()
+        with _monitor._lock:
+            counts.update(_monitor.counts)
+    return counts
 
 
 def reset_fallbacks() -> None:
+    with _op_lock:
+        _op_counts.clear()
     if _monitor is not None:
         _monitor.flush()
         with _monitor._lock:
@@ -129,7 +160,7 @@ def fallback_report() -> str:
     counts = fallback_counts()
     if strict():
         header = "CPU fallbacks: strict mode (ANYCHIP_STRICT=1), a fallback raises instead"
-    elif _monitor is None:
+    elif _monitor is None and not counts:
         return "CPU fallbacks: none (no anychip device was used with Paddle)"
     else:
         header = f"CPU fallbacks: {sum(counts.values())} op call(s) ran on the CPU"

@@ -64,17 +64,33 @@ def anychip_register_kernels(registry):
     Args:
         registry: the :class:`anychip.KernelRegistry`. Call
             ``registry.register(op, device, dtypes, forward, backward=None, capabilities=())``
-            once per op and device; ``forward``/``backward`` are callables taking tensor
-            descriptors (see ``anychip/kernel.h`` once kernels land).
+            once per op and device. ``op`` is one of ``anychip.ops.OPS``; ``forward`` and
+            ``backward`` are :class:`anychip.kernels.NativeKernel` (a C function following
+            ``anychip/kernel.h``, whose op table fixes each kernel's inputs, outputs and attrs)
+            or Python callables ``fn(inputs, outputs, attrs)`` over Paddle tensors.
+
+    What anychip guarantees a kernel: its arguments were validated against the op table
+    before the launch, outputs are allocated on the device, and the launch is ordered on the
+    device's current stream. A host-code kernel (one that reads device memory from the CPU)
+    runs through the device's ``launch_host_function`` (``anychip/device.h``) with exactly its
+    tensors' memory open. An op or dtype left unregistered runs its reference implementation,
+    counted as a fallback (an error under ANYCHIP_STRICT=1); register a forward without a
+    backward and the backward falls back alone.
 
     Returns:
-        Nothing. Registering an op twice for one device and dtype raises ``ValueError``.
+        Nothing. Registering an op twice for one device and dtype raises ``ValueError``; an
+        exception disables this plugin's kernels and is listed by ``anychip devices``.
 
     Example::
 
+        from anychip.kernels import NativeKernel
+
         @anychip.hookimpl
         def anychip_register_kernels(registry):
-            registry.register("rms_norm", "mychip", ("float32",), forward=my_rms_norm)
+            lib = str(Path(__file__).with_name("libmychip_kernels.so"))
+            registry.register("rms_norm", "mychip", ("float32", "bfloat16"),
+                              forward=NativeKernel(lib, "mychip_rms_norm"),
+                              backward=NativeKernel(lib, "mychip_rms_norm_grad"))
     """
 
 

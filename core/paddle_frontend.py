@@ -18,10 +18,12 @@ from pathlib import Path
 
 from . import fallback
 from .errors import PaddleImportOrderError
+from .host_memory import keep_freed_host_memory
 from .native import library_path
 from .plugins import registry
 
 _paddle = None
+_root: Path | None = None  # the $CUSTOM_DEVICE_ROOT this process's Paddle loaded
 
 
 def cache_dir() -> Path:
@@ -84,8 +86,11 @@ def import_paddle():
             "paddle was imported before anychip could register its devices; Paddle loads "
             "CustomDevices only at import. Call anychip.set_device(...) (or "
             "anychip.paddle_frontend.import_paddle()) before `import paddle`")
+    global _root
+    keep_freed_host_memory()
     configs = _bridged_devices()
-    os.environ["CUSTOM_DEVICE_ROOT"] = str(_write_root(configs))
+    _root = _write_root(configs)
+    os.environ["CUSTOM_DEVICE_ROOT"] = str(_root)
     count_fallbacks = bool(configs) and not fallback.strict()
     if fallback.strict():
         os.environ["FLAGS_enable_api_kernel_fallback"] = "0"
@@ -110,6 +115,26 @@ def place(name: str, index: int):
     if spec.paddle_type is None:
         return paddle.CPUPlace()
     return paddle.CustomPlace(spec.paddle_type, index)
+
+
+def bridge_library(name: str) -> Path:
+    """The copy of the Paddle bridge that this process's Paddle loaded for device ``name``."""
+    import_paddle()
+    lib = _root / f"libanychip_{name}.so"
+    if not lib.exists():
+        raise FileNotFoundError(f"device {name!r} has no Paddle bridge in {_root}")
+    return lib
+
+
+def device_of_place(place) -> tuple[str, int]:
+    """The anychip device (name, index) of a Paddle place."""
+    if place.is_cpu_place():
+        return "cpu", 0
+    if place.is_custom_place():
+        name = registry().by_paddle_type(place.custom_device_type())
+        if name is not None:
+            return name, place.custom_device_id()
+    raise ValueError(f"{place} is not an anychip device")
 
 
 def paddle_device_string(name: str, index: int) -> str:

@@ -57,3 +57,29 @@ def test_ci_runs_the_readme_test_command():
     setup = [b for b in blocks if b.startswith("python3 -m venv")]
     assert len(setup) == 2, "the README has exactly two set-up commands"
     assert setup[1] in (root / ".ci" / "run").read_text()
+
+
+def test_ops_table_is_generated_from_the_registry_and_the_readme_shows_it_current():
+    from pathlib import Path
+
+    from anychip.cli.ops import readme_section
+    from anychip.ops.support import support_table
+
+    result = anychip("ops")
+    assert result.returncode == 0, result.stderr
+    table = support_table()
+    assert result.stdout.strip() == table
+    lines = table.splitlines()
+    assert lines[0].startswith("| op | cpu | ") and "npu (simulated)" in lines[0]
+    rows = {line.split("|")[1].strip(" `"): line for line in lines[2:]}
+    assert "fp32 bf16 fp16 · fwd+bwd" in rows["rms_norm"].split("|")[2]  # cpu
+    assert "bf16" not in rows["rms_norm"].split("|")[3]                 # dcu: the Z100 has no bf16
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert readme_section(table) in readme, "README's op table is stale: run `anychip ops --update-readme README.md`"
+
+
+def test_ops_update_readme_needs_its_markers(tmp_path):
+    target = tmp_path / "README.md"
+    target.write_text("# no table here\n")
+    result = anychip("ops", "--update-readme", str(target))
+    assert result.returncode == 1 and "has no <!-- anychip ops: begin -->" in result.stderr

@@ -6,8 +6,9 @@ import argparse
 import sys
 
 from . import devices as devices_cmd
+from . import ops as ops_cmd
 
-COMMANDS = {"devices": devices_cmd}
+COMMANDS = {"devices": devices_cmd, "ops": ops_cmd}
 
 
 def common_flags() -> argparse.ArgumentParser:
@@ -15,7 +16,7 @@ def common_flags() -> argparse.ArgumentParser:
     common.add_argument("--device", metavar="DEV", default=None,
                         help="device to run on, e.g. cpu, npu, npu:1 (default: $ANYCHIP_DEVICE or cpu)")
     common.add_argument("--report-fallbacks", action="store_true",
-                        help="print which Paddle ops ran on the CPU instead of the device")
+                        help="print which ops (anychip and Paddle) ran on the CPU instead of the device")
     return common
 
 

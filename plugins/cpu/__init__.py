@@ -7,6 +7,7 @@ memory) but reports ``simulated=0``: the memory and the cores are the machine's 
 import os
 
 import anychip
+from anychip_plugins.cpu.host_kernels import register_host_kernels
 
 
 def _cpu_model() -> str:
@@ -33,3 +34,8 @@ def anychip_register_devices():
     return [anychip.DeviceSpec(
         name="cpu", description="Host CPU (Paddle's CPU place)",
         library=str(anychip.native.library_path("anychip_sim")), options=_options, paddle_type=None)]
+
+
+@anychip.hookimpl
+def anychip_register_kernels(registry):
+    register_host_kernels(registry, "cpu", tuple(anychip.DTYPE_BITS))

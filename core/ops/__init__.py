@@ -1,0 +1,24 @@
+"""anychip's LLM ops. Each validates its arguments, then runs the kernel that the tensors'
+device registered for their dtype, or its reference implementation as a counted fallback.
+
+    import anychip.ops as ops
+    y = ops.rms_norm(x, w, eps=1e-5)
+    o = ops.attention(q, k, v, causal=True)
+"""
+
+from . import masks
+from .attention import attention, flashmask_attention, flashmask_dense_mask, reference_attention
+from .checks import OpArgumentError
+from .dispatch import KernelError
+from .norm import rms_norm
+from .optim import adamw_step
+from .quant import dequantize, w8a8_linear, weight_only_linear, weight_quantize
+from .rotary import rotary_embedding
+from .support import OPS, support_table
+from .swiglu import swiglu
+
+__all__ = [
+    "OPS", "KernelError", "OpArgumentError", "adamw_step", "masks", "attention", "dequantize", "flashmask_attention",
+    "flashmask_dense_mask", "reference_attention", "rms_norm", "rotary_embedding", "support_table", "swiglu",
+    "w8a8_linear", "weight_only_linear", "weight_quantize",
+]

@@ -1,0 +1,209 @@
+"""Quantized linear layers: weight-only int8/int4 and int8 weights x int8 activations.
+
+anychip's packed format (anychip/kernel.h, weight_quantize): qweight [N, K] int8 for 8 bits,
+[N, K/2] uint8 for 4 bits (64-wide nibble blocks), scales float32 [N, G]. Weights come in
+Paddle's Linear layout [K, N] (in_features, out_features).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import checks
+from .dispatch import OpImpl, dtype_name, empty, launch, paddle, run
+
+GROUP_SIZES = (-1, 64, 128)
+
+
+def _check_bits_group(op: str, bits: int, group_size: int, k: int) -> None:
+    if bits not in (4, 8):
+        raise checks.OpArgumentError(f"{op}: bits must be 4 or 8, got {bits}")
+    if group_size != -1 and (group_size <= 0 or k % group_size):
+        raise checks.OpArgumentError(
+            f"{op}: group_size must be -1 or divide K={k} (64 and 128 are usual), got {group_size}")
+    if bits == 4 and k % 64:
+        raise checks.OpArgumentError(f"{op}: 4-bit weights need K to be a multiple of 64, got K={k}")
+
+
+def _groups(k: int, group_size: int) -> int:
+    return 1 if group_size == -1 else k // group_size
+
+
+def _round_half_away(x):
+    pd = paddle()
+    return pd.sign(x) * pd.floor(pd.abs(x) + 0.5)
+
+
+def dequantize(qweight, scales, bits: int, group_size: int, k: int):
+    """W [N, K] float32 from anychip's packed format, with plain Paddle ops."""
+    pd = paddle()
+    n = qweight.shape[0]
+    if bits == 8:
+        q = qweight.astype("float32")
+    else:
+        blocks = qweight.astype("int32").reshape([n, k // 64, 32])
+        low, high = blocks % 16, blocks // 16
+        q = (pd.concat([low, high], axis=-1) - 8).reshape([n, k]).astype("float32")
+    group = k if group_size == -1 else group_size
+    s = pd.repeat_interleave(scales, group, axis=1)
+    return q * s
+
+
+class _Quantize(OpImpl):
+    name = "weight_quantize"
+
+    def __init__(self, bits, group_size, device):
+        self.bits, self.group_size, self.device = bits, group_size, device
+
+    def forward(self, kernel, w):
+        k, n = w.shape
+        qshape = [n, k] if self.bits == 8 else [n, k // 2]
+        qweight = empty(qshape, "int8" if self.bits == 8 else "uint8", self.device)
+        scales = empty([n, _groups(k, self.group_size)], "float32", self.device)
+        launch(kernel, self.name, self.device, [w], [qweight, scales], [self.bits, self.group_size])
+        return (qweight, scales), (), [qweight, scales]
+
+    def reference(self, w):
+        pd = paddle()
+        k, n = w.shape
+        qmax = 127 if self.bits == 8 else 7
+        wt = w.astype("float32").transpose([1, 0])
+        grouped = wt.reshape([n, _groups(k, self.group_size), -1])
+        scales = grouped.abs().max(axis=-1) / qmax
+        safe = pd.where(scales == 0, pd.ones_like(scales), scales).unsqueeze(-1)
+        q = pd.clip(_round_half_away(grouped / safe), -qmax, qmax).reshape([n, k])
+        if self.bits == 8:
+            return q.astype("int8"), scales
+        nib = (q + 8).astype("int32").reshape([n, k // 64, 2, 32])
+        packed = nib[:, :, 0, :] + nib[:, :, 1, :] * 16
+        return packed.reshape([n, k // 2]).astype("uint8"), scales
+
+
+def weight_quantize(w, bits: int = 8, group_size: int = -1):
+    """Quantizes a Linear weight ``w`` [K, N] (float) symmetrically to ``bits`` (8 or 4), one
+    scale per output channel (group_size=-1) or per ``group_size`` inputs. Returns
+    ``(qweight, scales)`` in anychip's packed format, for weight_only_linear / w8a8_linear."""
+    op = "weight_quantize"
+    w = checks.tensor(op, "w", w)
+    checks.dtype(op, "w", w, checks.FLOAT_DTYPES)
+    checks.rank(op, "w", w, 2, "[in_features K, out_features N]")
+    _check_bits_group(op, bits, group_size, w.shape[0])
+    device = checks.same_device(op, w=w)
+    w = checks.contiguous(op, "w", w, device)
+    qweight, scales = run(_Quantize(bits, group_size, device), device, dtype_name(w), w, differentiable=False)
+    qweight.stop_gradient = scales.stop_gradient = True
+    return qweight, scales
+
+
+def _check_packed(op, x, qweight, scales, bias, bits, group_size):
+    x = checks.tensor(op, "x", x)
+    qweight, scales = checks.tensor(op, "qweight", qweight), checks.tensor(op, "scales", scales)
+    bias = checks.tensor(op, "bias", bias, optional=True)
+    checks.dtype(op, "x", x, checks.FLOAT_DTYPES)
+    if len(x.shape) == 0:
+        raise checks.OpArgumentError(f"{op}: x must be [..., K], got a scalar")
+    k = x.shape[-1]
+    _check_bits_group(op, bits, group_size, k)
+    checks.rank(op, "qweight", qweight, 2, "[N, K] (8 bits) or [N, K/2] (4 bits)")
+    n = qweight.shape[0]
+    checks.dtype(op, "qweight", qweight, ("int8",) if bits == 8 else ("uint8",))
+    checks.shape(op, "qweight", qweight, [n, k if bits == 8 else k // 2], f"{bits}-bit weights for K={k}")
+    checks.dtype(op, "scales", scales, ("float32",))
+    checks.shape(op, "scales", scales, [n, _groups(k, group_size)], f"group_size={group_size}")
+    if bias is not None:
+        checks.same_dtype(op, "x", x, bias=bias)
+        checks.shape(op, "bias", bias, [n], "[N]")
+    device = checks.same_device(op, x=x, qweight=qweight, scales=scales, bias=bias)
+    x, qweight, scales, bias = (checks.contiguous(op, name, t, device) for name, t in
+                                (("x", x), ("qweight", qweight), ("scales", scales), ("bias", bias)))
+    return x, qweight, scales, bias, device
+
+
+class _WeightOnly(OpImpl):
+    name = "weight_only_linear"
+
+    def __init__(self, bits, group_size, device, has_bias):
+        self.bits, self.group_size, self.device, self.has_bias = bits, group_size, device, has_bias
+
+    def forward(self, kernel, x, qweight, scales, bias=None):
+        y = empty(list(x.shape[:-1]) + [qweight.shape[0]], dtype_name(x), self.device)
+        inputs = [x, qweight, scales] + ([bias] if bias is not None else [])
+        launch(kernel, self.name, self.device, inputs, [y], [self.bits, self.group_size])
+        return y, (qweight, scales), []
+
+    def backward(self, kernel, saved, grads):
+        qweight, scales = saved
+        dy = grads[0].contiguous()
+        k = qweight.shape[1] * (1 if self.bits == 8 else 2)
+        dx = empty(list(dy.shape[:-1]) + [k], dtype_name(dy), self.device)
+        launch(kernel, self.name + "_grad", self.device, [dy, qweight, scales], [dx], [self.bits, self.group_size])
+        dbias = None
+        if self.has_bias:
+            dbias = dy.astype("float32").reshape([-1, dy.shape[-1]]).sum(axis=0).astype(dy.dtype)
+        return (dx, None, None) + ((dbias,) if self.has_bias else ())
+
+    def reference(self, x, qweight, scales, bias=None):
+        pd = paddle()
+        w = dequantize(qweight, scales, self.bits, self.group_size, x.shape[-1])
+        y = pd.matmul(x.astype("float32"), w, transpose_y=True)
+        if bias is not None:
+            y = y + bias.astype("float32")
+        return y.astype(x.dtype)
+
+
+def weight_only_linear(x, qweight, scales, bias=None, bits: int = 8, group_size: int = -1):
+    """``x @ W^T + bias`` with W stored quantized (from :func:`weight_quantize`), dequantized on
+    the fly. x [..., K] float -> [..., N]. Differentiable with respect to x and bias, so LoRA
+    adapters can train on a quantized base."""
+    x, qweight, scales, bias, device = _check_packed("weight_only_linear", x, qweight, scales, bias, bits, group_size)
+    tensors = (x, qweight, scales) + ((bias,) if bias is not None else ())
+    return run(_WeightOnly(bits, group_size, device, bias is not None), device, dtype_name(x), *tensors)
+
+
+class _W8A8(OpImpl):
+    name = "w8a8_linear"
+
+    def __init__(self, device):
+        self.device = device
+
+    def forward(self, kernel, x, qweight, scales, bias=None):
+        y = empty(list(x.shape[:-1]) + [qweight.shape[0]], dtype_name(x), self.device)
+        inputs = [x, qweight, scales] + ([bias] if bias is not None else [])
+        launch(kernel, self.name, self.device, inputs, [y])
+        return y, (), [y]
+
+    def reference(self, x, qweight, scales, bias=None):
+        pd = paddle()
+        xf = x.astype("float64")
+        xs = xf.abs().max(axis=-1, keepdim=True) / 127.0
+        xq = pd.clip(_round_half_away(xf / pd.where(xs == 0, pd.ones_like(xs), xs)), -127, 127)
+        acc = pd.matmul(xq, qweight.astype("float64"), transpose_y=True)
+        y = acc * xs * scales.astype("float64").reshape([-1])
+        if bias is not None:
+            y = y + bias.astype("float64")
+        return y.astype(x.dtype)
+
+
+def w8a8_linear(x, qweight, scales, bias=None):
+    """``x @ W^T + bias`` with int8 weights (weight_quantize bits=8, group_size=-1) and x
+    quantized to int8 per row on the fly (dynamic per-token scales); int32 accumulation.
+    Forward only: the result does not carry gradients."""
+    x, qweight, scales, bias, device = _check_packed("w8a8_linear", x, qweight, scales, bias, 8, -1)
+    tensors = (x, qweight, scales) + ((bias,) if bias is not None else ())
+    y = run(_W8A8(device), device, dtype_name(x), *tensors, differentiable=False)
+    y.stop_gradient = True
+    return y
+
+
+def quantize_numpy(w: np.ndarray, bits: int, group_size: int):
+    """weight_quantize in numpy (float64), for tests and offline conversion."""
+    k, n = w.shape
+    qmax = 127 if bits == 8 else 7
+    grouped = w.astype(np.float64).T.reshape(n, _groups(k, group_size), -1)
+    scales = np.abs(grouped).max(axis=-1) / qmax
+    safe = np.where(scales == 0, 1.0, scales)[..., None]
+    q = np.clip(np.sign(grouped / safe) * np.floor(np.abs(grouped / safe) + 0.5), -qmax, qmax).reshape(n, k)
+    if bits == 8:
+        return q.astype(np.int8), scales.astype(np.float32)
+    nib = (q + 8).astype(np.uint8).reshape(n, k // 64, 2, 32)
+    return (nib[:, :, 0, :] | (nib[:, :, 1, :] << 4)).reshape(n, k // 2), scales.astype(np.float32)

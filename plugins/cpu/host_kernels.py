@@ -1,0 +1,41 @@
+"""The host kernels (``libanychip_cpu_kernels.so``, sources in ``kernels/``) and how a plugin
+registers them: the cpu device registers all of them, and each simulated chip registers them
+for the dtypes its traits allow, since the simulator's memory is host memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from anychip.kernels import NativeKernel
+
+LIBRARY = Path(__file__).with_name("libanychip_cpu_kernels.so")
+
+_FLOATS = ("float32", "bfloat16", "float16")
+
+# op -> (forward kernel, backward kernel or None, dtypes); kernels are exported as anychip_cpu_<name>
+HOST_KERNELS = {
+    "rms_norm": ("rms_norm", "rms_norm_grad", _FLOATS),
+    "rotary_embedding": ("rotary_embedding", "rotary_embedding_grad", _FLOATS),
+    "swiglu": ("swiglu", "swiglu_grad", _FLOATS),
+    "attention": ("attention", "attention_grad", _FLOATS),
+    "flashmask_attention": ("flashmask_attention", "flashmask_attention_grad", _FLOATS),
+    "weight_quantize": ("weight_quantize", None, _FLOATS),
+    "weight_only_linear": ("weight_only_linear", "weight_only_linear_grad", _FLOATS),
+    "w8a8_linear": ("w8a8_linear", None, _FLOATS),
+    "adamw_step": ("adamw_step", None, ("float32", "bfloat16")),
+}
+
+
+def _kernel(name: str) -> NativeKernel:
+    kernel = NativeKernel(str(LIBRARY), f"anychip_cpu_{name}")
+    kernel.address  # resolve now: a missing kernel disables the plugin with its reason, not a later call
+    return kernel
+
+
+def register_host_kernels(registry, device: str, dtypes) -> None:
+    """Registers every host kernel for ``device``, restricted to ``dtypes``."""
+    for op, (forward, backward, op_dtypes) in HOST_KERNELS.items():
+        allowed = [d for d in op_dtypes if d in dtypes]
+        if allowed:
+            registry.register(op, device, allowed, forward=_kernel(forward),
+                              backward=_kernel(backward) if backward else None)

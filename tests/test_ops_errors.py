@@ -1,0 +1,172 @@
+"""Bad input to anychip.ops fails before any kernel runs, with the argument named; missing
+kernels fall back to the reference and are counted, or raise in strict mode."""
+
+import textwrap
+
+import numpy as np
+import pytest
+
+from conftest import run_python
+from ops_helpers import host, paddle, tensor
+
+paddle()  # through anychip, so its devices are registered with Paddle
+
+import anychip  # noqa: E402
+import anychip.ops as ops  # noqa: E402
+from anychip.ops import OpArgumentError  # noqa: E402
+
+
+def t(shape, device="cpu", dtype="float32"):
+    return tensor(np.random.default_rng(0).standard_normal(shape), device, dtype)
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: ops.rms_norm(t((4, 8)), t((7,))), "weight must have shape [8]"),
+    (lambda: ops.rms_norm(t((4, 8)), t((8,)), eps=0), "eps must be > 0"),
+    (lambda: ops.rms_norm(t((4, 8)), t((8,)), residual=t((4, 9))), "residual must have shape [4, 8]"),
+    (lambda: ops.rms_norm(t((4, 8)), t((8,), dtype="float16")), "weight has dtype float16"),
+    (lambda: ops.rms_norm(tensor(np.ones((2, 2), np.int32), "cpu"), t((2,))), "x has dtype int32"),
+    (lambda: ops.rms_norm(t((4, 8)), np.ones(8)), "weight must be a paddle.Tensor"),
+    (lambda: ops.attention(t((1, 4, 3, 8)), t((1, 4, 2, 8)), t((1, 4, 2, 8))), "multiple of k's kv_heads"),
+    (lambda: ops.attention(t((1, 4, 2, 8)), t((1, 4, 2, 16)), t((1, 4, 2, 16))), "k must be [1, seq_k, kv_heads, 8]"),
+    (lambda: ops.attention(t((1, 4, 2, 8)), t((1, 5, 2, 8)), t((1, 4, 2, 8))), "v must have shape [1, 5, 2, 8]"),
+    (lambda: ops.attention(t((4, 2, 8)), t((1, 4, 2, 8)), t((1, 4, 2, 8))), "q must be 4-D"),
+    (lambda: ops.attention(t((1, 4, 2, 8)), t((1, 4, 2, 8)), t((1, 4, 2, 8)),
+                           mask=tensor(np.ones((1, 1, 4, 5), bool), "cpu")), "mask must be [1 or 1, 2 or 1, 4, 4]"),
+    (lambda: ops.attention(t((1, 4, 2, 8)), t((1, 4, 2, 8)), t((1, 4, 2, 8)), mask=t((1, 1, 4, 4))), "mask has dtype float32"),
+    (lambda: ops.flashmask_attention(t((1, 4, 2, 8)), t((1, 4, 2, 8)), t((1, 4, 2, 8)),
+                                     tensor(np.zeros((1, 1, 5, 1), np.int32), "cpu")), "must be [1, 1|2|2, 4, 1|2|4]"),
+    (lambda: ops.flashmask_attention(t((1, 4, 2, 8)), t((1, 4, 2, 8)), t((1, 4, 2, 8)),
+                                     tensor(np.full((1, 1, 4, 1), 9, np.int32), "cpu")), "outside the query rows [0, 4]"),
+    (lambda: ops.flashmask_attention(t((1, 4, 2, 8)), t((1, 4, 2, 8)), t((1, 4, 2, 8)),
+                                     tensor(np.zeros((1, 1, 4, 1), np.int64), "cpu")), "startend_row_indices has dtype int64"),
+    (lambda: ops.flashmask_attention(t((1, 4, 2, 8)), t((1, 4, 2, 8)), t((1, 4, 2, 8)),
+                                     tensor(np.zeros((1, 1, 4, 1), np.int32), "cpu"), causal=False), "needs causal=True"),
+    (lambda: ops.weight_quantize(t((100, 8)), bits=8, group_size=64), "group_size must be -1 or divide K=100"),
+    (lambda: ops.weight_quantize(t((96, 8)), bits=4), "multiple of 64"),
+    (lambda: ops.weight_quantize(t((64, 8)), bits=3), "bits must be 4 or 8"),
+    (lambda: ops.weight_only_linear(t((2, 64)), tensor(np.zeros((8, 64), np.int8), "cpu"),
+                                    tensor(np.ones((8, 2), np.float32), "cpu")), "scales must have shape [8, 1]"),
+    (lambda: ops.weight_only_linear(t((2, 64)), tensor(np.zeros((8, 32), np.int8), "cpu"),
+                                    tensor(np.ones((8, 1), np.float32), "cpu")), "qweight must have shape [8, 64]"),
+    (lambda: ops.rotary_embedding(t((1, 4, 2, 7)), t((1, 4, 1, 7)), tensor(np.zeros((1, 4), np.int64), "cpu")), "head_dim must be even"),
+    (lambda: ops.rotary_embedding(t((1, 4, 2, 8)), t((1, 4, 1, 8)), tensor(np.zeros((1, 5), np.int64), "cpu")), "positions must have shape [1, 4]"),
+    (lambda: ops.swiglu(t((3, 4)), t((3, 5))), "up must have shape [3, 4]"),
+    (lambda: ops.adamw_step([t((3,))], [t((3,))], [t((3,))], [], lr=1e-3, step=1), "moments2 has 0 tensors"),
+    (lambda: ops.adamw_step([t((3,))], [t((3,))], [t((3,))], [t((3,))], lr=1e-3, step=0), "step is 1-based"),
+])
+def test_bad_input_is_named_before_any_kernel(call, message):
+    anychip.reset_fallbacks()
+    with pytest.raises(OpArgumentError) as info:
+        call()
+    assert message in str(info.value)
+    assert not anychip.fallback_counts()
+
+
+def test_tensors_on_different_devices():
+    with pytest.raises(OpArgumentError, match=r"one device, got x on cpu:0, weight on npu:0"):
+        ops.rms_norm(t((2, 4)), t((4,), "npu"))
+
+
+def test_non_contiguous_input_is_handled_on_the_host_and_refused_on_a_device():
+    from anychip.ops import checks
+
+    x = t((8, 6)).transpose([1, 0])
+    assert not x.is_contiguous()
+    # a device that may not have a `contiguous` kernel gets a clear error instead of a copy
+    with pytest.raises(OpArgumentError, match="gate is a non-contiguous view on npu:0"):
+        checks.contiguous("swiglu", "gate", x, ("npu", 0))
+    want = ops.swiglu(paddle().clone(x), paddle().clone(x))
+    np.testing.assert_allclose(host(ops.swiglu(x, x)), host(want))
+
+
+def test_a_dtype_the_chip_lacks_falls_back_and_is_counted():
+    # the simulated Hygon Z100 has no bfloat16: its plugin registers no bf16 kernels
+    anychip.reset_fallbacks()
+    x = t((3, 16), "dcu", "bfloat16")
+    y = ops.rms_norm(x, t((16,), "dcu", "bfloat16"))
+    want = ops.rms_norm(t((3, 16), "cpu", "bfloat16"), t((16,), "cpu", "bfloat16"))
+    np.testing.assert_allclose(host(y), host(want), rtol=2e-2, atol=2e-2)
+    assert anychip.fallback_counts()[("dcu", "anychip.rms_norm", "bfloat16")] == 1
+    assert "anychip.rms_norm" in anychip.fallback_report()
+
+
+def test_strict_mode_fails_on_a_device_that_lacks_a_kernel():
+    code = textwrap.dedent("""
+        import numpy as np, anychip, anychip.ops as ops
+        from anychip.paddle_frontend import import_paddle
+        paddle = import_paddle()
+        x = paddle.to_tensor(np.ones((2, 8), np.float32), place=paddle.CPUPlace()).astype("bfloat16")
+        x = x._copy_to(paddle.CustomPlace("anychip_hygon", 0), True)
+        try:
+            ops.rms_norm(x, x[0])
+        except anychip.fallback.KernelFallbackError as e:
+            print("STRICT:", e)
+    """)
+    result = run_python(code, env={"ANYCHIP_STRICT": "1"})
+    assert "STRICT: anychip.ops.rms_norm on dcu (bfloat16): no kernel is registered for dcu/bfloat16" in result.stdout, result.stderr
+
+
+def test_kernels_touch_only_their_tensors_in_checking_mode():
+    """With simulated memory guarded (mprotect), a kernel on npu runs because the launch opens
+    exactly its tensors' ranges; a host read of device memory outside a launch would crash."""
+    code = textwrap.dedent("""
+        import numpy as np, anychip.ops as ops
+        from anychip.paddle_frontend import import_paddle
+        paddle = import_paddle()
+        npu = paddle.CustomPlace("anychip_ascend", 0)
+        x = paddle.to_tensor(np.arange(12, dtype=np.float32).reshape(3, 4), place=paddle.CPUPlace())._copy_to(npu, True)
+        w = paddle.to_tensor(np.ones(4, np.float32), place=paddle.CPUPlace())._copy_to(npu, True)
+        y = ops.rms_norm(x, w, eps=1e-6)
+        print("OK", y._copy_to(paddle.CPUPlace(), True).numpy()[0].astype(float).round(3).tolist())
+    """)
+    result = run_python(code, env={"ANYCHIP_SIM_CHECK": "1"})
+    assert "OK [0.0, 0.535, 1.069, 1.604]" in result.stdout, result.stderr
+
+
+def test_a_kernel_error_names_the_op_and_device():
+    from anychip.kernels import NativeKernel
+    from anychip.ops.dispatch import KernelError, launch
+    from anychip_plugins.cpu.host_kernels import LIBRARY
+
+    x = t((2, 4))
+    y = t((2, 4), dtype="float64")  # not a float dtype the kernel takes
+    with pytest.raises(KernelError, match=r"anychip.ops.swiglu on cpu:0: .*dtype"):
+        launch(NativeKernel(str(LIBRARY), "anychip_cpu_swiglu"), "swiglu", ("cpu", 0), [y, y], [x])
+    assert paddle() is not None
+
+
+def test_a_forward_only_kernel_gets_the_reference_backward_counted(monkeypatch):
+    from anychip.kernels import Kernel
+    from anychip.plugins import registry
+
+    kernels = registry().kernels
+    full = kernels.find("swiglu", "cpu", "float32")
+    monkeypatch.setitem(kernels._kernels, ("swiglu", "cpu", "float32"),
+                        Kernel("swiglu", "cpu", ("float32",), full.forward, None))
+    anychip.reset_fallbacks()
+    gate = tensor(np.linspace(-3, 3, 12).reshape(3, 4), "cpu", "float32", grad=True)
+    up = tensor(np.linspace(1, 2, 12).reshape(3, 4), "cpu", "float32", grad=True)
+    dgate, dup = paddle().grad([ops.swiglu(gate, up)], [gate, up])
+    sig = 1 / (1 + np.exp(-host(gate)))
+    np.testing.assert_allclose(host(dup), host(gate) * sig, rtol=1e-5)
+    np.testing.assert_allclose(host(dgate), host(up) * sig * (1 + host(gate) * (1 - sig)), rtol=1e-5)
+    assert anychip.fallback_counts() == {("cpu", "anychip.swiglu_grad", "float32"): 1}
+
+
+def test_a_python_kernel_can_be_registered(monkeypatch):
+    """Backends that generate Python-level code register plain callables."""
+    from anychip.plugins import registry
+
+    calls = []
+
+    def scaled_copy(inputs, outputs, attrs):
+        calls.append(attrs)
+        paddle().assign(inputs[0] * 0 + 7, output=outputs[0])
+
+    kernels = registry().kernels
+    monkeypatch.setattr(kernels, "_kernels", dict(kernels._kernels))
+    kernels._kernels.pop(("swiglu", "cpu", "float32"))
+    kernels.register("swiglu", "cpu", ("float32",), forward=scaled_copy)
+    y = ops.swiglu(t((2, 3)), t((2, 3)))
+    assert calls == [()] and np.all(host(y) == 7)
