@@ -103,6 +103,9 @@ def import_paddle():
 
     if count_fallbacks:
         fallback.log_paddle_fallbacks(paddle)
+    # Paddle makes the first CustomDevice it loaded its default; stay on the CPU, like a plain
+    # Paddle install, until anychip.set_device chooses.
+    paddle.set_device("cpu")
 
     _paddle = paddle
     return paddle

@@ -346,3 +346,17 @@ def test_adamw_step_matches_reference(device, dtype):
     for got, want in zip(results["kernel"], results["reference"]):
         np.testing.assert_allclose(got, want, **tol("adamw_step", dtype))
     assert not no_fallbacks("adamw_step")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_frozen_inputs_get_no_gradient(device):
+    """A frozen weight (LoRA-style) and a frozen key/value cache."""
+    rng = np.random.default_rng(5)
+    x = tensor(rng.standard_normal((4, 16)), device, "float32", grad=True)
+    w = tensor(rng.uniform(0.5, 1.5, 16), device, "float32")  # stop_gradient: frozen
+    ops.rms_norm(x, w).sum().backward()
+    assert x.grad is not None and w.grad is None
+    q = tensor(rng.standard_normal((1, 8, 2, 16)), device, "float32", grad=True)
+    k = tensor(rng.standard_normal((1, 8, 1, 16)), device, "float32")
+    ops.attention(q, k, k, causal=True).sum().backward()
+    assert list(q.grad.shape) == [1, 8, 2, 16] and k.grad is None

@@ -170,3 +170,17 @@ def test_a_python_kernel_can_be_registered(monkeypatch):
     kernels.register("swiglu", "cpu", ("float32",), forward=scaled_copy)
     y = ops.swiglu(t((2, 3)), t((2, 3)))
     assert calls == [()] and np.all(host(y) == 7)
+
+
+def test_kernels_get_the_thread_count_from_anychip_not_from_paddles_omp_setting():
+    code = textwrap.dedent("""
+        import os
+        from anychip.ops.dispatch import num_threads
+        import anychip.paddle_frontend as pf
+        pf.import_paddle()
+        print(os.environ.get("OMP_NUM_THREADS"), num_threads())
+    """)
+    result = run_python(code, env={"ANYCHIP_NUM_THREADS": "3"})
+    assert result.stdout.split()[-1] == "3", result.stderr[-2000:]
+    bad = run_python(code, env={"ANYCHIP_NUM_THREADS": "many"})
+    assert "ANYCHIP_NUM_THREADS must be a positive integer, got 'many'" in bad.stderr

@@ -131,3 +131,13 @@ def test_anychip_device_environment_sets_the_default():
     result = run_python(code, env={"ANYCHIP_DEVICE": "gcu:1"})
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["gcu:1", "Place(anychip_enflame:1)", "Place(anychip_ascend:1)"]
+
+
+def test_importing_paddle_through_anychip_keeps_the_cpu_default():
+    code = textwrap.dedent("""
+        from anychip.paddle_frontend import import_paddle
+        paddle = import_paddle()
+        print(paddle.get_device(), paddle.to_tensor([1.0]).place)
+    """)
+    result = run_python(code)
+    assert result.stdout.split() == ["cpu", "Place(cpu)"], result.stderr[-2000:]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 
 from .. import fallback
 from ..kernels import NativeKernel
@@ -64,6 +65,19 @@ def _bridge_launch(name: str) -> int:
     return ctypes.cast(lib.anychip_bridge_launch, ctypes.c_void_p).value
 
 
+@functools.lru_cache(maxsize=None)
+def num_threads() -> int:
+    """Host threads a kernel may use: $ANYCHIP_NUM_THREADS, else the CPUs this process may run
+    on. Passed with every launch, because importing Paddle sets OMP_NUM_THREADS=1 and OpenMP's
+    own default would then depend on what happened to load first."""
+    raw = os.environ.get("ANYCHIP_NUM_THREADS", "")
+    if raw:
+        if not raw.isdigit() or int(raw) < 1:
+            raise ValueError(f"ANYCHIP_NUM_THREADS must be a positive integer, got {raw!r}")
+        return int(raw)
+    return len(os.sched_getaffinity(0))
+
+
 def _stream(device: tuple[str, int]) -> int:
     return paddle().device.current_stream(paddle_device_string(*device)).stream_base.raw_stream
 
@@ -84,7 +98,7 @@ def launch(kernel, op: str, device: tuple[str, int], inputs, outputs, attrs=()) 
     bridge = 0 if host or not kernel.host_code else _bridge_launch(device[0])
     try:
         _launcher.launch(kernel.address, descs_in, descs_out, [float(a) for a in attrs],
-                         bridge, index, 0 if host else _stream(device))
+                         bridge, index, 0 if host else _stream(device), num_threads())
     except RuntimeError as e:
         _status, _, message = str(e).partition(":")
         raise KernelError(f"anychip.ops.{op} on {device_label(device)}: {message}") from None
@@ -138,6 +152,7 @@ def _make_layer():
         def forward(ctx, impl, kernel, *tensors):
             outs, saved, nondiff = impl.forward(kernel.forward, *tensors)
             ctx.impl, ctx.kernel = impl, kernel
+            ctx.needs_grad = tuple(not t.stop_gradient for t in tensors)
             ctx.save_for_backward(*saved)
             for t in nondiff:
                 ctx.mark_non_differentiable(t)
@@ -146,6 +161,8 @@ def _make_layer():
         @staticmethod
         def backward(ctx, *grads):
             result = ctx.impl.backward(ctx.kernel.backward, ctx.saved_tensor(), grads)
+            # Paddle wants None, not a gradient, for an input that does not require one
+            result = tuple(g if need else None for g, need in zip(result, ctx.needs_grad))
             return result if len(result) > 1 else result[0]
 
     return KernelLayer

@@ -1,0 +1,186 @@
+"""Quantized linear layers, K = N = 4096.
+
+Decode GEMV (M = 1) is memory-bound: every round takes the next of enough distinct weight
+matrices to exceed twice the last-level cache, so the weights stream from DRAM as in decoding
+a model larger than the cache; judged in GB/s (weights + scales + x + y) against the copy
+bandwidth. Peers stream their own weights the same way. w8a8 (M = 512, hot weights) is
+compute-bound: TOP/s against the documented AMX-INT8 peak.
+"""
+
+import numpy as np
+import pytest
+
+import anychip.ops as ops
+from benchlib import Case, Cycle, RooflineShare, host_tensor, stream_count
+
+K = N = 4096
+M_W8A8 = 512
+
+
+def _gemv_bytes(bits: int, group: int) -> int:
+    groups = 1 if group == -1 else K // group
+    return N * K * bits // 8 + N * groups * 4 + K * 4 + N * 4
+
+
+def gemv_case(bits, group):
+    g = "per-channel" if group == -1 else f"group {group}"
+    return Case(f"int{bits} weight-only GEMV M=1 {K}x{N} {g}, fp32 x (DRAM)", "memory", _gemv_bytes(bits, group),
+                targets=(RooflineShare(0.70),), pattern="read",
+                note="bytes: packed weights + scales + x + y (peers: their own formats' bytes); weights "
+                     "cycled beyond 2x the LLC; judged against read bandwidth, as it only streams W")
+
+
+W8A8 = Case(f"w8a8 linear M={M_W8A8} {K}x{N}, fp32 x", "compute", 2.0 * M_W8A8 * N * K, peak="amx_int8",
+            note="OPs: 2*M*N*K; weights hot in cache (compute-bound)")
+
+
+def _packed(bits, group, rng):
+    """Random packed weights and scales in anychip's layout (the values do not matter here)."""
+    groups = 1 if group == -1 else K // group
+    if bits == 4:
+        q = rng.integers(0, 256, (N, K // 2), dtype=np.uint8)
+    else:
+        q = rng.integers(-127, 128, (N, K), dtype=np.int8)
+    scales = (rng.random((N, groups), dtype=np.float32) * 0.01 + 1e-3).astype(np.float32)
+    return q, scales
+
+
+GEMV_CASES = [(4, 128), (4, -1), (8, -1)]
+LABELS = {
+    "anychip": "anychip ops.weight_only_linear",
+    "anychip_kernel": "(diagnostic) anychip kernel alone, output preallocated",
+    "torch_int4": "torch _weight_int4pack_mm_for_cpu (g128, bf16 x)",
+    "torch_int8": "torch _weight_int8pack_mm",
+    "torch_fp32": "torch fp32 F.linear (GEMV)",
+    "paddle_fp32": "paddle fp32 matmul (GEMV)",
+}
+# Which GEMV cases a peer belongs to (the fp32 peers are measured once, listed in every case).
+PEER_CASES = {"anychip_kernel": [(4, 128)], "torch_int4": [(4, 128)], "torch_int8": [(8, -1)],
+              "torch_fp32": GEMV_CASES, "paddle_fp32": GEMV_CASES}
+
+
+def _run_stream(bench, benchmark, cases, impl, fn, count, amount=None):
+    bench.run(benchmark, cases[0], impl, fn, label=LABELS[impl], min_rounds=max(20, count),
+              max_rounds=max(400, 2 * count), warmup=min(count, 50), notes=f"{count} distinct weight sets",
+              also=cases[1:], amount=amount)
+
+
+FP32_GEMV_BYTES = N * K * 4 + K * 4 + N * 4
+
+
+@pytest.mark.parametrize("bits,group", GEMV_CASES)
+def test_weight_only_gemv(benchmark, bench, pd, bits, group):
+    case = gemv_case(bits, group)
+    rng = np.random.default_rng(0)
+    xt = host_tensor(rng.standard_normal((1, K), dtype=np.float32))
+    q, s = _packed(bits, group, rng)
+    count = stream_count(case.amount)
+    nxt = Cycle([(host_tensor(q), host_tensor(s)) for _ in range(count)])
+
+    def fn():
+        qw, sc = nxt()
+        return ops.weight_only_linear(xt, qw, sc, bits=bits, group_size=group)
+
+    with pd.no_grad():
+        _run_stream(bench, benchmark, [case], "anychip", fn, count)
+
+
+@pytest.mark.parametrize("impl", list(PEER_CASES))
+def test_gemv_peer(benchmark, bench, pd, request, impl):
+    cases = [gemv_case(b, g) for b, g in PEER_CASES[impl]]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, K), dtype=np.float32)
+    if impl == "anychip_kernel":
+        # The cpu plugin's kernel on numpy arrays, without Paddle: no op checks, no output
+        # allocation, for comparison with the op only.
+        from anychip_plugins.cpu.host_kernels import HOST_KERNELS, _kernel
+
+        kernel = _kernel(HOST_KERNELS["weight_only_linear"][0])
+        q, s = _packed(4, 128, rng)
+        count = stream_count(cases[0].amount)
+        nxt = Cycle([(q.copy(), s.copy()) for _ in range(count)])
+        y = np.empty((1, N), np.float32)
+
+        def fn():
+            qw, sc = nxt()
+            kernel.run_host([x, qw, sc], [y], [4, 128])
+
+        _run_stream(bench, benchmark, cases, impl, fn, count)
+        return
+    if impl == "paddle_fp32":
+        w = rng.standard_normal((N, K), dtype=np.float32)
+        count = stream_count(w.nbytes)
+        xt = host_tensor(x)
+        nxt = Cycle([host_tensor(w) for _ in range(count)])
+        with pd.no_grad():
+            _run_stream(bench, benchmark, cases, impl, lambda: pd.matmul(xt, nxt(), transpose_y=True), count,
+                        amount=FP32_GEMV_BYTES)
+        return
+    torch = request.getfixturevalue("torch")
+    xt = torch.from_numpy(x)
+    if impl == "torch_fp32":
+        w = torch.from_numpy(rng.standard_normal((N, K), dtype=np.float32))
+        count = stream_count(w.numel() * 4)
+        nxt = Cycle([w.clone() for _ in range(count)])
+        fn = lambda: torch.nn.functional.linear(xt, nxt())  # noqa: E731
+        amount = FP32_GEMV_BYTES
+    elif impl == "torch_int4":
+        group = 128
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+            torch.from_numpy(rng.integers(0, 16, (N, K), dtype=np.int32)), 2)
+        # bf16 activations and scales: torch's fast path (fp32 x is ~30x slower in torch 2.14)
+        sz = torch.from_numpy(rng.random((K // group, N, 2), dtype=np.float32) * 0.01).bfloat16()
+        xb = xt.bfloat16()
+        amount = packed.numel() * packed.element_size() + sz.numel() * 2 + K * 2 + N * 2
+        count = stream_count(amount)
+        nxt = Cycle([(packed.clone(), sz.clone()) for _ in range(count)])
+
+        def fn():
+            p, z = nxt()
+            return torch.ops.aten._weight_int4pack_mm_for_cpu(xb, p, group, z)
+    else:  # torch_int8
+        w8 = torch.from_numpy(rng.integers(-127, 128, (N, K), dtype=np.int8))
+        sc = torch.from_numpy(rng.random(N, dtype=np.float32) * 0.01)
+        amount = w8.numel() + N * 4 + K * 4 + N * 4
+        count = stream_count(amount)
+        nxt = Cycle([(w8.clone(), sc.clone()) for _ in range(count)])
+
+        def fn():
+            w, s = nxt()
+            return torch.ops.aten._weight_int8pack_mm(xt, w, s)
+    with torch.no_grad():
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 -- a private torch op may change; the peer is optional
+            pytest.skip(f"{LABELS[impl]} does not run here: {type(e).__name__}: {str(e)[:200]}")
+        _run_stream(bench, benchmark, cases, impl, fn, count, amount=amount)
+
+
+# (torch's _weight_int8pack_mm is a GEMV kernel: ~8 s at M=512, so it is no peer here)
+@pytest.mark.parametrize("impl", ["anychip", "torch_fp32", "torch_bf16", "paddle_fp32"])
+def test_w8a8(benchmark, bench, pd, request, impl):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((M_W8A8, K), dtype=np.float32)
+    if impl == "anychip":
+        q, s = _packed(8, -1, rng)
+        xt, qt, st = host_tensor(x), host_tensor(q), host_tensor(s)
+        with pd.no_grad():
+            bench.run(benchmark, W8A8, impl, lambda: ops.w8a8_linear(xt, qt, st), label="anychip ops.w8a8_linear")
+        return
+    if impl == "paddle_fp32":
+        xt, wt = host_tensor(x), host_tensor(rng.standard_normal((N, K), dtype=np.float32))
+        with pd.no_grad():
+            bench.run(benchmark, W8A8, impl, lambda: pd.matmul(xt, wt, transpose_y=True),
+                      label="paddle fp32 matmul", min_rounds=3)
+        return
+    torch = request.getfixturevalue("torch")
+    xt = torch.from_numpy(x)
+    with torch.no_grad():
+        if impl == "torch_fp32":
+            w = torch.from_numpy(rng.standard_normal((N, K), dtype=np.float32))
+            fn, label = (lambda: torch.nn.functional.linear(xt, w)), "torch fp32 F.linear"
+        else:
+            w = torch.from_numpy(rng.standard_normal((N, K), dtype=np.float32)).bfloat16()
+            xb = xt.bfloat16()
+            fn, label = (lambda: torch.nn.functional.linear(xb, w)), "torch bf16 F.linear"
+        bench.run(benchmark, W8A8, impl, fn, label=label, min_rounds=3)

@@ -1,0 +1,119 @@
+"""The benchmark harness (bench/) stays importable and its roofline, record and summary helpers
+work, on a tiny case (the benchmarks themselves run with `python -m pytest bench`)."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.fixture(scope="module")
+def benchlib():
+    spec = importlib.util.spec_from_file_location("anychip_benchlib_under_test", BENCH / "benchlib.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def test_bench_files_exist_and_are_not_default_tests():
+    names = {p.name for p in BENCH.glob("bench_*.py")}
+    assert {"bench_norm.py", "bench_attention.py", "bench_quant.py", "bench_misc.py"} <= names
+    assert (BENCH / "conftest.py").exists() and (BENCH / "README.md").exists()
+    pyproject = (BENCH.parent / "pyproject.toml").read_text()
+    assert 'testpaths = ["tests"]' in pyproject  # the default run never collects bench/
+    conftest = (BENCH / "conftest.py").read_text()
+    assert "def pytest_collect_file" in conftest and "def pytest_terminal_summary" in conftest
+
+
+def test_copy_bandwidth_tiny(benchlib):
+    r = benchlib.measure_copy_bandwidth(4 * 2**20, threads=2, repeats=3)
+    assert r["gbps"] > 0 and r["min_gbps"] <= r["gbps"] <= r["max_gbps"]
+    assert r["threads"] == 2 and r["buffer_mb"] == 4 and "median of 3" in r["method"]
+    assert r["foreign_load"] is None or 0.0 <= r["foreign_load"] <= 1.0
+
+
+def test_read_bandwidth_tiny_and_read_cases_use_it(benchlib):
+    r = benchlib.measure_read_bandwidth(4 * 2**20, threads=2, repeats=3)
+    assert r["gbps"] > 0 and r["buffer_mb"] == 4 and "dot" in r["method"]
+    roof = benchlib.Roofline(40.0, threads=2, read_gbps=20.0, read=r)
+    gemv = benchlib.Case("gemv", "memory", 1e9, pattern="read", targets=(benchlib.RooflineShare(0.7),))
+    assert gemv.roof(roof) == 20.0 and benchlib.Case("norm", "memory", 1e9).roof(roof) == 40.0
+    assert "read bandwidth" in gemv.targets[0].label(gemv)
+    assert roof.with_end({"gbps": 41.0}, {"gbps": 25.0}).read_gbps == 25.0
+
+
+def test_stream_count_exceeds_twice_the_cache(benchlib):
+    n = benchlib.stream_count(8 * 2**20, cache_bytes=300 * 2**20)
+    assert n * 8 * 2**20 > 2 * 300 * 2**20
+    assert benchlib.stream_count(10**12, cache_bytes=1) == 2
+    assert benchlib.l3_bytes() > 0
+    cycle = benchlib.Cycle("abc")
+    assert [cycle() for _ in range(4)] == ["a", "b", "c", "a"]
+
+
+def test_rounds_and_timing(benchlib):
+    assert benchlib.plan_rounds(0.1, 1.0, 3, 100) == 10
+    assert benchlib.plan_rounds(10.0, 1.0, 3, 100) == 3
+    assert benchlib.plan_rounds(1e-6, 1.0, 3, 100) == 100
+    samples = benchlib.time_calls(lambda: sum(range(100)), rounds=4, warmup=1)
+    assert len(samples) == 4 and all(s >= 0 for s in samples)
+    load = benchlib.wait_for_quiet(0.0, probe_s=0.05)  # one probe, no waiting
+    assert load is None or 0.0 <= load <= 1.0
+
+
+def _collector(benchlib):
+    roof = benchlib.Roofline(20.0, threads=2, copy={"gbps": 20.0, "method": "test"})
+    col = benchlib.Collector(roof)
+    mem = benchlib.Case("norm", "memory", 2e9, targets=(benchlib.RooflineShare(0.8),))
+    att = benchlib.Case("attn", "compute", 3.4e10, peak="avx512_fp32",
+                        targets=(benchlib.FasterThan("torch", 1.0, "torch SDPA"),
+                                 benchlib.FasterThan("dense", 2.5), benchlib.FasterThan("missing")))
+    info = {}
+    col.record(mem, "anychip", [0.1, 0.12, 0.11], extra_info=info, foreign_load=0.05)  # 2 GB in 0.11 s
+    col.record(mem, "torch", [0.44, 0.44, 0.44], label="torch F.rms_norm")
+    col.record(att, "torch", [0.5], label="torch SDPA")
+    col.record(att, "anychip", [0.2])
+    col.record(att, "dense", [0.4])
+    col.record(mem, "fp32", [0.88], amount=8e9)  # a peer moving its own (4x) bytes
+    return col, info
+
+
+def test_collector_ratios_targets_and_extra_info(benchlib):
+    col, info = _collector(benchlib)
+    assert col.speedups("norm") == {"torch": pytest.approx(4.0), "fp32": pytest.approx(8.0)}
+    assert col.results["norm"]["fp32"]["rate"] == pytest.approx(8e9 / 0.88 / 1e9)
+    assert col.speedups("attn") == {"torch": pytest.approx(2.5), "dense": pytest.approx(2.0)}
+    norm = col.verdicts("norm")
+    assert norm[0]["result"] == "PASS" and norm[0]["value"] == "91%"  # 18.2 GB/s of 20
+    attn = {v["target"]: v["result"] for v in col.verdicts("attn")}
+    assert attn == {"time <= torch SDPA": "PASS", ">= 2.5x faster than dense": "MISS",
+                    "time <= missing": "n/a"}
+    # the anychip benchmark's extra_info caught up with the peer recorded after it
+    assert info["ms"] == pytest.approx(110.0) and info["speedup_vs"] == {"torch": 4.0, "fp32": 8.0}
+    assert info["roofline_share"] == pytest.approx(0.9091, abs=1e-4) and info["foreign_cpu_load"] == 0.05
+    assert info["targets"][0]["result"] == "PASS"
+    att = col.results["attn"]["anychip"]
+    assert att["unit"] == "TFLOP/s" and att["rate"] == pytest.approx(0.17)
+    assert att["share"] == pytest.approx(0.5)  # of 2 x 170 GFLOP/s
+
+
+def test_summary_table_json_png(benchlib, tmp_path):
+    col, _ = _collector(benchlib)
+    table = col.format_table()
+    lines = table.splitlines()
+    assert lines[0].split()[:2] == ["case", "implementation"]
+    assert "anychip" in lines[2] and "PASS (91%)" in lines[2] and ">= 80% of copy bandwidth" in lines[2]
+    assert "4.00x" in table and "MISS (2.00x)" in table and "n/a (missing not measured)" in table
+    summary = json.loads(col.write_json(tmp_path / "out" / "summary.json").read_text())
+    assert summary["target_counts"] == {"PASS": 2, "MISS": 1, "n/a": 1}
+    assert summary["roofline"]["copy_gbps"] == 20.0 and "not measured" in summary["roofline"]["peaks_source"]
+    assert [c["case"] for c in summary["cases"]] == ["norm", "attn"]
+    pytest.importorskip("matplotlib")
+    png = col.write_png(tmp_path / "out" / "speedup.png")
+    assert png is not None and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
