@@ -114,6 +114,5 @@ def test_summary_table_json_png(benchlib, tmp_path):
     assert summary["target_counts"] == {"PASS": 2, "MISS": 1, "n/a": 1}
     assert summary["roofline"]["copy_gbps"] == 20.0 and "not measured" in summary["roofline"]["peaks_source"]
     assert [c["case"] for c in summary["cases"]] == ["norm", "attn"]
-    pytest.importorskip("matplotlib")
     png = col.write_png(tmp_path / "out" / "speedup.png")
     assert png is not None and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
