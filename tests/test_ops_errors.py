@@ -184,3 +184,9 @@ def test_kernels_get_the_thread_count_from_anychip_not_from_paddles_omp_setting(
     assert result.stdout.split()[-1] == "3", result.stderr[-2000:]
     bad = run_python(code, env={"ANYCHIP_NUM_THREADS": "many"})
     assert "ANYCHIP_NUM_THREADS must be a positive integer, got 'many'" in bad.stderr
+
+
+def test_every_op_declares_its_spec():
+    for name, spec in ops.OPS.items():
+        assert spec.function.__doc__ and spec.signature.parameters, name
+        assert set(spec.tolerance) == set(spec.dtypes), name

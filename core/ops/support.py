@@ -1,8 +1,16 @@
-"""What every op declares (dtypes, backward, test tolerances) and the support table that the
-README shows, generated from the kernel registry."""
+"""What every op declares and the support table that the README shows, generated from the
+kernel registry.
+
+An op's signature, shape rules and argument checks live in its function (``anychip.ops.<name>``,
+its docstring states the rules), its reference implementation in its ``OpImpl.reference``, its
+kernel contract in anychip/kernel.h; the spec below adds the dtypes, whether it has a backward,
+and the tolerance its kernels are tested to.
+"""
 
 from __future__ import annotations
 
+import importlib
+import inspect
 from dataclasses import dataclass
 
 from ..devices import describe
@@ -15,8 +23,15 @@ class OpSpec:
     summary: str
     dtypes: tuple[str, ...]
     backward: bool
-    # (rtol, atol) against the float64-free reference, per dtype
-    tolerance: dict
+    tolerance: dict  # dtype -> (rtol, atol) of a kernel against the float32 reference
+
+    @property
+    def function(self):
+        return getattr(importlib.import_module(__package__), self.name)
+
+    @property
+    def signature(self) -> inspect.Signature:
+        return inspect.signature(self.function)
 
 
 _FLOATS = ("float32", "bfloat16", "float16")
