@@ -116,6 +116,35 @@ def test_rms_norm_streamed(dtype):
     rms_norm_case(np.random.default_rng(2), (R, C), dtype, residual=True)
 
 
+def aligned_copy(array):
+    """``array`` copied to a 64-byte aligned buffer (numpy's own alignment is 16)."""
+    raw = np.empty(array.nbytes + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    out = raw[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+    out[...] = array
+    return out
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_streamed_interleaved_rows(dtype, aligned):
+    """Large outputs with rows of whole 64-element chunks take the interleaved, pipelined path
+    when the output is 64-byte aligned (Paddle's allocations are), else the row-by-row one."""
+    rng = np.random.default_rng(3)
+    C = 1024
+    R = STREAM_BYTES // (C * (4 if dtype == "float32" else 2)) + 5
+    x, x64 = stored(rng.standard_normal((R, C)) * 2, dtype)
+    w, w64 = stored(rng.uniform(0.5, 1.5, C), dtype)
+    y, inv = empty((R, C), dtype), np.full(R, np.nan, np.float32)
+    if aligned:
+        x, y = aligned_copy(x), aligned_copy(y)
+    assert (y.ctypes.data % 64 == 0) == aligned
+    run("rms_norm", [x, w], [y, inv], [1e-5], num_threads=3)
+    want_inv = 1.0 / np.sqrt(np.mean(x64 ** 2, axis=-1) + 1e-5)
+    assert_close(inv, want_inv, 2e-6, "inv_rms")
+    assert_close(value(y), x64 * want_inv[:, None] * w64, TOL[dtype], "y")
+
+
 def rms_norm_grad_case(rng, shape, dtype, extra, num_threads=0):
     C = shape[-1]
     dy, dy64 = stored(rng.standard_normal(shape), dtype)

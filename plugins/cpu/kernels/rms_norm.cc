@@ -150,6 +150,54 @@ ANYCHIP_AVX512 float add_residual_avx512(const T* x, const T* res, T* h, float* 
   return _mm512_reduce_add_ps(acc);
 }
 
+// The streaming forward without a residual, for rows of whole 64-element chunks whose outputs
+// are 64-byte aligned (every Llama hidden size): each row is walked as 4 interleaved quarters,
+// and while row r is scaled and streamed out, row r + 1 is read and reduced. Four concurrent
+// streams in each direction keep more DRAM banks busy than one sequential stream (glibc's
+// large memcpy interleaves 4 pages for the same reason), and reading during the write pass
+// removes the per-row alternation between read-only and write-only phases: about 44 GB/s
+// instead of 33 on [4096, 4096] fp32, where a 4-page-interleaved copy reaches 44.
+inline bool interleavable(const void* y, int64_t C) {
+  return C % 64 == 0 && reinterpret_cast<uintptr_t>(y) % 64 == 0;
+}
+
+template <typename T>
+ANYCHIP_AVX512 void forward_interleaved_avx512(const Forward<T>& a, int64_t r0, int64_t r1) {
+  using namespace avx512;
+  const int64_t C = a.C, Q = C / 4;
+  const __mmask16 all = lanes(16);
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  if (r0 < r1) {
+    const T* x = a.x + r0 * C;
+    for (int64_t off = 0; off < Q; off += 16) {
+      for (int p = 0; p < 4; ++p) {
+        const __m512 v = load16(x + p * Q + off, all);
+        acc[p] = _mm512_fmadd_ps(v, v, acc[p]);
+      }
+    }
+  }
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* x = a.x + r * C;
+    T* y = a.y + r * C;
+    const float ss = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(C) + a.eps);
+    a.inv_rms[r] = inv;
+    const __m512 vinv = _mm512_set1_ps(inv);
+    const T* next = r + 1 < r1 ? x + C : nullptr;
+    for (int p = 0; p < 4; ++p) acc[p] = _mm512_setzero_ps();
+    for (int64_t off = 0; off < Q; off += 16) {
+      for (int p = 0; p < 4; ++p) {
+        const int64_t c = p * Q + off;
+        if (next != nullptr) {
+          const __m512 v = load16(next + c, all);
+          acc[p] = _mm512_fmadd_ps(v, v, acc[p]);
+        }
+        stream16(y + c, _mm512_mul_ps(_mm512_mul_ps(load16(x + c, all), vinv), _mm512_loadu_ps(a.w + c)));
+      }
+    }
+  }
+}
+
 template <typename T, bool kStream>
 ANYCHIP_AVX512 void forward_avx512(const Forward<T>& a, int64_t r0, int64_t r1, float* hbuf) {
   using namespace avx512;
@@ -234,6 +282,9 @@ AnychipStatus forward(const AnychipKernelCall* call) {
     std::vector<float> hbuf(with_residual || !vector ? C : 0);
     if (!vector) {
       forward_scalar(a, r0, r1, hbuf.data());
+    } else if (stream && !with_residual && interleavable(a.y, C)) {
+      forward_interleaved_avx512(a, r0, r1);
+      avx512::stream_fence();
     } else if (stream) {
       forward_avx512<T, true>(a, r0, r1, hbuf.data());
       avx512::stream_fence();
