@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import anychip.ops as ops
-from benchlib import Case, Cycle, RooflineShare, host_tensor, stream_count
+from benchlib import Case, Cycle, RooflineShare, aligned_empty_like, host_tensor, stream_count
 
 R, C = 4096, 4096
 EPS = 1e-5
@@ -66,7 +66,7 @@ def test_rms_norm_fwd(benchmark, bench, pd, request, impl):
 
         kernel = _kernel(HOST_KERNELS["rms_norm"][0])
         xs = Cycle([base.copy() for _ in range(n)])
-        y, inv = np.empty_like(base), np.empty(R, np.float32)
+        y, inv = aligned_empty_like(base), np.empty(R, np.float32)  # aligned like Paddle's outputs
         bench.run(benchmark, FWD, impl, lambda: kernel.run_host([xs(), w], [y, inv], [EPS]), label=LABELS[impl])
         return
     xs = [host_tensor(base) for _ in range(n)]

@@ -61,6 +61,14 @@ def paddle_mod():
     return _paddle
 
 
+def aligned_empty_like(array: np.ndarray) -> np.ndarray:
+    """An uninitialised array like ``array`` starting on a 64-byte boundary, as Paddle's
+    allocations do (numpy only guarantees 16, and kernels may pick a faster path when aligned)."""
+    raw = np.empty(array.nbytes + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    return raw[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+
+
 def host_tensor(array, dtype: str | None = None, grad: bool = False):
     """A Paddle tensor on the host CPU (explicit place: Paddle's default place is a custom device
     once anychip registers them), cast to ``dtype`` on the host."""
