@@ -41,8 +41,8 @@ def device_label(device: tuple[str, int]) -> str:
 
 
 def place(device: tuple[str, int]):
-    """The Paddle place of ``device``, given explicitly: Paddle's default place is the first
-    CustomDevice once any is registered, not the CPU."""
+    """The Paddle place of ``device``: outputs go where the inputs are, whatever Paddle's
+    current default device is."""
     return _place(*device)
 
 
