@@ -46,6 +46,11 @@ def describe(name: str) -> DeviceInfo:
     reason = spec.note
     if props.simulated and require_hardware():
         reason = "refused: ANYCHIP_REQUIRE_HARDWARE=1 and this device is simulated. " + reason
+    # The device works, but part of its plugin failed (e.g. its kernels): ops fall back.
+    broken = [p.reason for p in reg.problems if p.plugin == base["plugin"]]
+    if broken:
+        reason = "; ".join([r for r in (reason,) if r] + [f"plugin partly failed ({b}); ops without "
+                                                            "kernels run their references" for b in broken])
     return DeviceInfo(status=status, reason=reason, model=props.name, count=runtime.device_count,
                       memory_bytes=props.total_memory, dtypes=props.dtypes, **base)
 
@@ -53,7 +58,10 @@ def describe(name: str) -> DeviceInfo:
 def describe_all() -> list[DeviceInfo]:
     reg = registry()
     infos = [describe(name) for name in sorted(reg.devices, key=lambda n: (n != "cpu", n))]
+    with_devices = set(reg.device_plugin.values())
     for problem in reg.problems:
+        if problem.plugin in with_devices:
+            continue  # reported on its devices' rows
         infos.append(DeviceInfo(name=problem.plugin, status="unavailable",
                                 reason=f"plugin failed: {problem.reason}", description="(plugin)",
                                 model="", count=0, memory_bytes=0, dtypes=(), kernels=0,

@@ -27,6 +27,17 @@ PLUGINS = {
         def anychip_register_devices():
             raise RuntimeError("firmware query failed")
     """),
+    "badkernels_plugin": textwrap.dedent("""
+        import anychip
+        @anychip.hookimpl
+        def anychip_register_devices():
+            return [anychip.simulated_device("halfok", anychip.ChipTraits(
+                model="Half OK", vendor="Test", memory_bytes=1 << 30, dtypes=("float32",)),
+                description="device fine, kernels broken", paddle_type="anychip_halfok")]
+        @anychip.hookimpl
+        def anychip_register_kernels(registry):
+            raise OSError("libhalfok_kernels.so: cannot open shared object file")
+    """),
     "thief_plugin": textwrap.dedent("""
         import anychip
         @anychip.hookimpl
@@ -47,7 +58,7 @@ def plugin_path(tmp_path_factory):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-plugins\nVersion: 0.0\n")
     (dist / "entry_points.txt").write_text(
         "[anychip.plugins]\nexploding = exploding_plugin\nbadlib = badlib_plugin\n"
-        "hookraise = hookraise_plugin\nthief = thief_plugin\n")
+        "hookraise = hookraise_plugin\nthief = thief_plugin\nbadkernels = badkernels_plugin\n")
     return root
 
 
@@ -69,6 +80,10 @@ def test_broken_plugins_are_listed_with_reasons_and_others_work(plugin_path):
     assert "cannot load" in devices["badlib"]["reason"] and "libcorrupt.so" in devices["badlib"]["reason"]
     assert "RuntimeError: firmware query failed" in devices["hookraise"]["reason"]
     assert "already provided by plugin 'npu'" in devices["thief"]["reason"]
+    # a plugin whose device works but whose kernels fail: one row, usable, with the reason
+    assert devices["halfok"]["status"] == "simulated" and devices["halfok"]["kernels"] == 0
+    assert "plugin partly failed (anychip_register_kernels: OSError: libhalfok_kernels.so" in devices["halfok"]["reason"]
+    assert "badkernels" not in devices
 
 
 def test_unknown_device_lists_the_known_ones():
