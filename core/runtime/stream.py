@@ -108,29 +108,6 @@ class Event:
         self.device.call("event_elapsed_ms", self.handle, end.handle, C.byref(ms))
         return ms.value
 
-    def launch_host(self, fn, buffers=()) -> None:
-        """Enqueues ``fn()`` as device work (``launch_host_function``): it runs after earlier
-        work with the memory of ``buffers`` (each a Buffer, or ``(buffer, offset, nbytes)``)
-        open to the host. An exception from ``fn`` becomes the stream's error."""
-        if not self.device.runtime.has("launch_host_function"):
-            raise AnychipError(f"{self.device} runs no host-code kernels (launch_host_function is NULL)",
-                               "UNSUPPORTED")
-        ranges = (abi.MemoryRange * max(len(buffers), 1))()
-        for i, item in enumerate(buffers):
-            buf, offset, nbytes = item if isinstance(item, tuple) else (item, 0, item.nbytes)
-            ranges[i].ptr, ranges[i].size = buf._range(offset, nbytes, f"buffers[{i}]"), nbytes
-
-        def trampoline(_user_data):
-            try:
-                fn()
-            except Exception:  # noqa: BLE001 - reported as the stream's error, like a kernel's
-                return abi.ERROR_DEVICE
-            return abi.OK
-
-        cb = abi.HostFunction(trampoline)
-        self.keep((cb, ranges))
-        self.device.call("launch_host_function", self.handle, cb, None, ranges, len(buffers))
-
     def destroy(self) -> None:
         if self.handle is not None:
             self.device.call("event_destroy", self.handle)
