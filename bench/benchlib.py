@@ -128,22 +128,15 @@ def stream_count(bytes_each: int, cache_bytes: int | None = None, factor: float 
     return max(minimum, math.ceil(factor * cache / max(1, bytes_each)) + 1)
 
 
-def measure_copy_bandwidth(buffer_bytes: int, threads: int = 2, repeats: int = 9) -> dict:
-    """STREAM-style copy bandwidth: ``threads`` Python threads each ``np.copyto`` one slice of a
-    ``buffer_bytes`` array into another (numpy releases the GIL for the copy). Bytes counted as
-    STREAM does: read + written = 2 x buffer_bytes per pass. Median of ``repeats`` passes after
-    one pass that touches every page."""
-    n = max(threads, buffer_bytes // 4)
-    src = np.ones(n, np.float32)
-    dst = np.zeros(n, np.float32)
-    bounds = np.linspace(0, n, threads + 1).astype(np.int64)
+def _parallel_bandwidth(pass_fn, threads: int, repeats: int, nbytes: int, buffer_bytes: int, method: str) -> dict:
+    """Times ``repeats`` passes in which ``threads`` Python threads each run ``pass_fn(i)`` (numpy
+    releases the GIL) after one pass that touches every page; ``nbytes`` moved per pass."""
     barrier = threading.Barrier(threads + 1)
 
     def work(i):
-        lo, hi = bounds[i], bounds[i + 1]
         for _ in range(repeats + 1):
             barrier.wait()
-            np.copyto(dst[lo:hi], src[lo:hi])
+            pass_fn(i)
             barrier.wait()
 
     workers = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(threads)]
@@ -159,58 +152,45 @@ def measure_copy_bandwidth(buffer_bytes: int, threads: int = 2, repeats: int = 9
             samples.append(time.perf_counter() - t0)
     for w in workers:
         w.join()
-    foreign = meter.stop()
-    moved = 2 * src.nbytes
-    rates = sorted(moved / s / 1e9 for s in samples)
+    rates = sorted(nbytes / s / 1e9 for s in samples)
     return {
-        "gbps": moved / statistics.median(samples) / 1e9,
+        "gbps": nbytes / statistics.median(samples) / 1e9,
         "min_gbps": rates[0], "max_gbps": rates[-1],
-        "buffer_mb": round(src.nbytes / 2**20), "threads": threads, "repeats": repeats, "foreign_load": foreign,
-        "method": (f"{threads}-thread numpy copy of a {src.nbytes / 2**20:.0f} MB buffer into another, "
-                   f"bytes = read + written, median of {repeats}"),
+        "buffer_mb": round(buffer_bytes / 2**20), "threads": threads, "repeats": repeats,
+        "foreign_load": meter.stop(), "method": f"{method}, median of {repeats}",
     }
+
+
+def _slices(n: int, threads: int) -> list[slice]:
+    bounds = np.linspace(0, n, threads + 1).astype(np.int64)
+    return [slice(bounds[i], bounds[i + 1]) for i in range(threads)]
+
+
+def measure_copy_bandwidth(buffer_bytes: int, threads: int = 2, repeats: int = 9) -> dict:
+    """STREAM-style copy bandwidth: ``threads`` Python threads each ``np.copyto`` one slice of a
+    ``buffer_bytes`` array into another. Bytes counted as STREAM does: read + written =
+    2 x buffer_bytes per pass. The roofline of a kernel that reads and writes (RMSNorm)."""
+    n = max(threads, buffer_bytes // 4)
+    src = np.ones(n, np.float32)
+    dst = np.zeros(n, np.float32)
+    parts = _slices(n, threads)
+    return _parallel_bandwidth(
+        lambda i: np.copyto(dst[parts[i]], src[parts[i]]), threads, repeats, 2 * src.nbytes, src.nbytes,
+        f"{threads}-thread numpy copy of a {src.nbytes / 2**20:.0f} MB buffer into another, bytes = read + written")
 
 
 def measure_read_bandwidth(buffer_bytes: int, threads: int = 2, repeats: int = 9) -> dict:
     """Read bandwidth: ``threads`` Python threads each take the dot product of one slice of a
-    float32 buffer with itself (BLAS streams it once, with the GIL released). Bytes counted:
-    the buffer, once per pass. Median of ``repeats`` passes after one that touches every page.
+    float32 buffer with itself (BLAS streams it once). Bytes counted: the buffer, once per pass.
     The roofline of a kernel that streams its input and writes little (decode GEMV)."""
     n = max(threads, buffer_bytes // 4)
     buf = np.empty(n, np.float32)
     buf.fill(0.5)  # real pages (np.zeros' untouched pages would all map the one zero page)
-    bounds = np.linspace(0, n, threads + 1).astype(np.int64)
-    barrier = threading.Barrier(threads + 1)
-
-    def work(i):
-        part = buf[bounds[i]:bounds[i + 1]]
-        for _ in range(repeats + 1):
-            barrier.wait()
-            np.dot(part, part)
-            barrier.wait()
-
-    workers = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(threads)]
-    meter = ForeignLoad().start()
-    for w in workers:
-        w.start()
-    samples = []
-    for r in range(repeats + 1):
-        barrier.wait()
-        t0 = time.perf_counter()
-        barrier.wait()
-        if r:
-            samples.append(time.perf_counter() - t0)
-    for w in workers:
-        w.join()
-    foreign = meter.stop()
-    rates = sorted(buf.nbytes / s / 1e9 for s in samples)
-    return {
-        "gbps": buf.nbytes / statistics.median(samples) / 1e9,
-        "min_gbps": rates[0], "max_gbps": rates[-1],
-        "buffer_mb": round(buf.nbytes / 2**20), "threads": threads, "repeats": repeats, "foreign_load": foreign,
-        "method": (f"{threads}-thread numpy dot of each half of a {buf.nbytes / 2**20:.0f} MB float32 buffer "
-                   f"with itself, bytes = read, median of {repeats}"),
-    }
+    parts = _slices(n, threads)
+    return _parallel_bandwidth(
+        lambda i: np.dot(buf[parts[i]], buf[parts[i]]), threads, repeats, buf.nbytes, buf.nbytes,
+        f"{threads}-thread numpy dot of each half of a {buf.nbytes / 2**20:.0f} MB float32 buffer with "
+        "itself, bytes = read")
 
 
 @dataclass
