@@ -8,14 +8,12 @@ file with ANYCHIP_CPU_ISA capped; in-process the best path runs (AMX for bfloat1
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from anychip.kernels import NativeKernel
+from kernel_helpers import empty, run, store, value
 
-LIBRARY = str(Path(__file__).resolve().parents[1] / "plugins" / "cpu" / "libanychip_cpu_kernels.so")
 DTYPES = ["float32", "bfloat16", "float16"]
 # |actual - expected| <= TOL * (|expected| + rms(expected)). The oracle starts from the stored
 # (rounded) inputs, so this covers the kernels' fp32 arithmetic, bf16 probabilities in the PV
@@ -30,38 +28,6 @@ GRAD_SLACK = {"float32": 2.0 ** -20, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -2
 def assert_grads(grads, expected, dtype):
     for got, (want, magnitude), what in zip(grads, expected, ("dq", "dk", "dv")):
         assert_close(value(got), want, TOL[dtype], what, GRAD_SLACK[dtype] * magnitude)
-
-
-def kernel(name):
-    return NativeKernel(LIBRARY, f"anychip_cpu_{name}")
-
-
-def run(name, inputs, outputs, attrs, num_threads=0):
-    names = ["bfloat16" if a.dtype == np.uint16 else None for a in list(inputs) + list(outputs)]
-    kernel(name).run_host(inputs, outputs, attrs, num_threads=num_threads, dtypes=names)
-
-
-# ---- storage dtypes --------------------------------------------------------------------------
-
-def store(values, dtype):
-    """The array a kernel gets for float64 ``values`` in ``dtype`` (bf16 as uint16 bits)."""
-    if dtype == "bfloat16":
-        u = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-        return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    return np.ascontiguousarray(values, dtype=dtype)
-
-
-def value(array):
-    if array.dtype == np.uint16:
-        return (array.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    return array.astype(np.float64)
-
-
-def empty(shape, dtype):
-    """An output filled with NaN, so that an element the kernel leaves unwritten shows."""
-    if dtype == "bfloat16":
-        return np.full(shape, 0x7FC0, np.uint16)
-    return np.full(shape, np.nan, dtype)
 
 
 def assert_close(actual, expected, tol, what, slack=0.0):

@@ -8,14 +8,12 @@ import ctypes.util
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from anychip.kernels import NativeKernel
+from kernel_helpers import empty, run, store, value
 
-LIBRARY = str(Path(__file__).resolve().parents[1] / "plugins" / "cpu" / "libanychip_cpu_kernels.so")
 DTYPES = ["float32", "bfloat16", "float16"]
 # Outputs are compared with |actual - expected| <= TOL * (|expected| + rms(expected)): float32
 # arithmetic, then one rounding to the storage dtype.
@@ -25,43 +23,10 @@ TOL = {"float32": 2e-5, "bfloat16": 1e-2, "float16": 2e-3}
 STREAM_BYTES = 8 << 20
 
 
-def kernel(name):
-    return NativeKernel(LIBRARY, f"anychip_cpu_{name}")
-
-
-def run(name, inputs, outputs, attrs=(), num_threads=0):
-    names = ["bfloat16" if a.dtype == np.uint16 else None for a in list(inputs) + list(outputs)]
-    kernel(name).run_host(inputs, outputs, attrs, num_threads=num_threads, dtypes=names)
-
-
-# ---- storage dtypes --------------------------------------------------------------------------
-
-def store(values, dtype):
-    """The array a kernel gets for float64 ``values`` in ``dtype`` (bf16 as uint16 bits)."""
-    if dtype == "bfloat16":
-        u = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-        return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    return np.ascontiguousarray(values, dtype=dtype)
-
-
-def value(array):
-    """The float64 values an array in storage form holds."""
-    if array.dtype == np.uint16:
-        return (array.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    return array.astype(np.float64)
-
-
 def stored(values, dtype):
     """(storage array, its float64 values) of float64 ``values`` rounded to ``dtype``."""
     array = store(values, dtype)
     return array, value(array)
-
-
-def empty(shape, dtype):
-    """An output filled with NaN, so that an element the kernel leaves unwritten shows."""
-    if dtype == "bfloat16":
-        return np.full(shape, 0x7FC0, np.uint16)
-    return np.full(shape, np.nan, dtype)
 
 
 def assert_close(actual, expected, tol, what, scale=None):
