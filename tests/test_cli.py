@@ -83,3 +83,11 @@ def test_ops_update_readme_needs_its_markers(tmp_path):
     target.write_text("# no table here\n")
     result = anychip("ops", "--update-readme", str(target))
     assert result.returncode == 1 and "has no <!-- anychip ops: begin -->" in result.stderr
+
+
+def test_output_cut_short_by_the_reader_is_not_an_error():
+    proc = subprocess.Popen([sys.executable, "-m", "anychip.cli.main", "ops"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # like `anychip ops | head -0`
+    assert proc.wait(timeout=60) == 0
+    assert "BrokenPipeError" not in proc.stderr.read()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from . import devices as devices_cmd
@@ -40,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         code = COMMANDS[args.command].run(args)
+    except BrokenPipeError:
+        # The reader left early (`anychip ops | head`): stop quietly, as other CLI tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (ValueError, RuntimeError, FileNotFoundError) as exc:
         print(f"anychip {args.command}: error: {exc}", file=sys.stderr)
         code = 1
