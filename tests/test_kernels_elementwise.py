@@ -109,7 +109,8 @@ def test_rms_norm_streamed_interleaved_rows(dtype, aligned):
     assert_close(value(y), x64 * want_inv[:, None] * w64, TOL[dtype], "y")
 
 
-def rms_norm_grad_case(rng, shape, dtype, extra, num_threads=0):
+def rms_norm_grad_case(rng, shape, dtype, extra, num_threads=0, offset=None):
+    """``offset``: place dy, h and dh that many bytes past a 64-byte boundary (None: numpy's)."""
     C = shape[-1]
     dy, dy64 = stored(rng.standard_normal(shape), dtype)
     h, h64 = stored(rng.standard_normal(shape) * 3, dtype)
@@ -124,6 +125,9 @@ def rms_norm_grad_case(rng, shape, dtype, extra, num_threads=0):
         inputs.append(e)
         dh64 = dh64 + e64
     outputs = [empty(shape, dtype), empty(C, dtype)]
+    if offset is not None:
+        inputs[:2] = [placed_copy(a, offset) for a in inputs[:2]]
+        outputs[0] = placed_copy(outputs[0], offset)
     run("rms_norm_grad", inputs, outputs, num_threads=num_threads)
     # the two terms of dh can cancel (C = 1 gives dh ~ 0): scale by the first one's size
     assert_close(value(outputs[0]), dh64, TOL[dtype], "dh", scale=np.sqrt(np.mean((inv64 * g) ** 2)))
@@ -147,6 +151,16 @@ def test_rms_norm_grad_streamed(dtype):
     C = 1031
     R = STREAM_BYTES // (C * (4 if dtype == "float32" else 2)) + 5
     rms_norm_grad_case(np.random.default_rng(4), (R, C), dtype, extra=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_grad_streamed_interleaved_rows(dtype):
+    """The aligned, interleaved path and the row-by-row one: both right, same dweight bits."""
+    C = 1024
+    R = STREAM_BYTES // (C * (4 if dtype == "float32" else 2)) + 5
+    aligned = rms_norm_grad_case(np.random.default_rng(5), (R, C), dtype, extra=False, offset=0)
+    unaligned = rms_norm_grad_case(np.random.default_rng(5), (R, C), dtype, extra=False, offset=16)
+    np.testing.assert_array_equal(aligned[1], unaligned[1])
 
 
 def test_rms_norm_grad_dweight_is_deterministic():

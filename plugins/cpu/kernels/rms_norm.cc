@@ -261,6 +261,50 @@ ANYCHIP_AVX512 void backward_avx512(const Backward<T>& a, int64_t r0, int64_t r1
   }
 }
 
+// The streaming backward without dh_extra, for rows as forward_interleaved_avx512 takes them:
+// while row r's dh is streamed out, row r + 1's dy and h are read, reduced and added to
+// dweight, four interleaved quarters at a time. dweight gets the same additions in the same row
+// order as backward_avx512, so the two paths agree on it bit for bit.
+template <typename T>
+ANYCHIP_AVX512 void backward_interleaved_avx512(const Backward<T>& a, int64_t r0, int64_t r1, float* dw) {
+  using namespace avx512;
+  const int64_t C = a.C, Q = C / 4;
+  const __mmask16 all = lanes(16);
+  const float* w = a.w;
+  __m512 acc[4];
+  // Row r's dot(dy * w, h) into acc, and its share of dweight.
+  auto reduce_row = [&](int64_t r, int64_t off, int p) ANYCHIP_AVX512 {
+    const int64_t c = p * Q + off;
+    const __m512 dyv = load16(a.dy + r * C + c, all), hv = load16(a.h + r * C + c, all);
+    acc[p] = _mm512_fmadd_ps(_mm512_mul_ps(dyv, _mm512_loadu_ps(w + c)), hv, acc[p]);
+    _mm512_storeu_ps(dw + c, _mm512_fmadd_ps(_mm512_mul_ps(dyv, hv), _mm512_set1_ps(a.inv_rms[r]),
+                                             _mm512_loadu_ps(dw + c)));
+  };
+  if (r0 >= r1) return;
+  for (int p = 0; p < 4; ++p) acc[p] = _mm512_setzero_ps();
+  for (int64_t off = 0; off < Q; off += 16)
+    for (int p = 0; p < 4; ++p) reduce_row(r0, off, p);
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* dy = a.dy + r * C;
+    const T* h = a.h + r * C;
+    T* dh = a.dh + r * C;
+    const float inv = a.inv_rms[r];
+    const __m512 vinv = _mm512_set1_ps(inv);
+    const float dot = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+    const __m512 vk = _mm512_set1_ps(inv * inv * inv * dot / static_cast<float>(C));
+    const bool next = r + 1 < r1;
+    for (int p = 0; p < 4; ++p) acc[p] = _mm512_setzero_ps();
+    for (int64_t off = 0; off < Q; off += 16) {
+      for (int p = 0; p < 4; ++p) {
+        if (next) reduce_row(r + 1, off, p);
+        const int64_t c = p * Q + off;
+        const __m512 dyv = load16(dy + c, all), hv = load16(h + c, all);
+        stream16(dh + c, _mm512_fmsub_ps(_mm512_mul_ps(vinv, dyv), _mm512_loadu_ps(w + c), _mm512_mul_ps(vk, hv)));
+      }
+    }
+  }
+}
+
 // ---- launch -----------------------------------------------------------------------------------
 
 template <typename T>
@@ -316,6 +360,8 @@ AnychipStatus backward(const AnychipKernelCall* call) {
       float* dw = partial.data() + b * C;
       if (!vector) {
         backward_scalar(a, r0, r1, dw);
+      } else if (stream && a.dh_extra == nullptr && interleavable(a.dh, C)) {
+        backward_interleaved_avx512(a, r0, r1, dw);
       } else if (stream) {
         backward_avx512<T, true>(a, r0, r1, dw);
       } else {
