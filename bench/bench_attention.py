@@ -51,10 +51,14 @@ def _arrays():
     return q, k, v
 
 
+def _document_startend() -> np.ndarray:
+    return masks.causal_document([DOC_LEN] * DOCS)
+
+
 def _dense_document_mask() -> np.ndarray:
-    """[1, 1, S, S] bool, True = visible: causal within each document."""
-    doc = np.arange(S) // DOC_LEN
-    return (doc[:, None] == doc[None, :]) & np.tri(S, dtype=bool)
+    """[1, 1, S, S] bool, True = visible: causal within each document (the same mask as
+    ``_document_startend``, expanded by anychip's own rule)."""
+    return ops.flashmask_dense_mask(_document_startend(), S, HQ, causal=True)
 
 
 def _torch_qkv(torch, dtype):
@@ -110,15 +114,15 @@ def test_document_mask(benchmark, bench, pd, request, impl, dtype):
     q, k, v = _paddle_qkv(dtype)
     with pd.no_grad():
         if impl == "anychip":
-            startend = host_tensor(masks.causal_document([DOC_LEN] * DOCS))
+            startend = host_tensor(_document_startend())
             bench.run(benchmark, case, impl, lambda: ops.flashmask_attention(q, k, v, startend, causal=True),
                       label="anychip ops.flashmask_attention")
         elif impl == "anychip_dense":
-            mask = host_tensor(dense[None, None])
+            mask = host_tensor(dense)
             bench.run(benchmark, case, impl, lambda: ops.attention(q, k, v, causal=True, mask=mask),
                       label="anychip ops.attention, causal + dense bool mask")
         else:
-            mask = host_tensor(dense[None, None])
+            mask = host_tensor(dense)
             sdpa = pd.nn.functional.scaled_dot_product_attention
             bench.run(benchmark, case, impl, lambda: sdpa(q, k, v, attn_mask=mask, training=False),
                       label="paddle F.scaled_dot_product_attention, dense mask", min_rounds=3)

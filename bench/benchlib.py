@@ -85,14 +85,10 @@ def host_tensor(array, dtype: str | None = None, grad: bool = False):
 
 
 def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+    """The host CPU as anychip's cpu device reports it."""
+    from anychip.devices import describe
+
+    return describe("cpu").model
 
 
 def l3_bytes(default: int = 300 * 2**20) -> int:
