@@ -136,18 +136,7 @@ QUANT_AMX void gemv_amx_block(const QWeight& w, const uint8_t* xt, int64_t m, in
 
 // Accumulators and x^T as 16 rows of M dwords, W as 16 rows of 32 bf16.
 QUANT_AMX void tiles_begin(int64_t m) {
-  struct alignas(64) {
-    uint8_t palette = 1;
-    uint8_t start_row = 0;
-    uint8_t reserved[14] = {};
-    uint16_t colsb[16] = {};
-    uint8_t rows[16] = {};
-  } cfg;
-  for (int t = 0; t < 7; ++t) {
-    cfg.colsb[t] = static_cast<uint16_t>(t == 4 || t == 5 ? 64 : 4 * m);
-    cfg.rows[t] = 16;
-  }
-  asm volatile("ldtilecfg %0" ::"m"(cfg));
+  load_tile_config(7, [m](int t) { return t == 4 || t == 5 ? 64 : 4 * m; });
 }
 QUANT_AMX void tiles_end() { _tile_release(); }
 

@@ -68,9 +68,11 @@ QUANT_AVX512 inline __m256i bf16x16(__m512 v) {
 // this between writing a buffer and loading tiles from it.
 #define QUANT_TILE_BARRIER() asm volatile("" ::: "memory")
 
-// All eight AMX tiles as 16 rows of 64 bytes. Each thread loads it before its first tile
-// instruction and releases the tiles (_tile_release) when done.
-QUANT_AMX inline void load_tile_config() {
+// Configures `tiles` AMX tiles as 16 rows each, tile t `colsb(t)` bytes wide (default: all eight
+// 64 bytes wide). Each thread loads it before its first tile instruction and releases the tiles
+// (_tile_release) when done.
+template <typename ColumnBytes>
+QUANT_AMX inline void load_tile_config(int tiles, ColumnBytes colsb) {
   struct alignas(64) {
     uint8_t palette = 1;
     uint8_t start_row = 0;
@@ -78,11 +80,14 @@ QUANT_AMX inline void load_tile_config() {
     uint16_t colsb[16] = {};
     uint8_t rows[16] = {};
   } cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
+  for (int t = 0; t < tiles; ++t) {
+    cfg.colsb[t] = static_cast<uint16_t>(colsb(t));
     cfg.rows[t] = 16;
   }
   asm volatile("ldtilecfg %0" ::"m"(cfg));
+}
+QUANT_AMX inline void load_tile_config() {
+  load_tile_config(8, [](int) { return 64; });
 }
 
 }  // namespace anychip::cpu::quant
