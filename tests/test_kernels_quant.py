@@ -2,8 +2,9 @@
 
 The oracle quantizes exactly as kernel.h states (float32 scale = absmax / qmax, float32 w / scale,
 round half away from zero as sign(v) * floor(|v| + 0.5)), so qweight and scales must match bit
-for bit; products are checked in float64 against the dequantized weights, and w8a8_linear is
-emulated exactly (int64 sums, then the same float32 operations), so it too must match bit for bit.
+for bit; products are checked in float64 against the dequantized weights (W = q * scale, plus a
+per-group offset for asymmetric weights such as GGUF's Q4_1), and w8a8_linear is emulated exactly
+(int64 sums, then the same float32 operations), so it too must match bit for bit.
 Every ISA path (scalar, AVX-512, AMX) runs in a subprocess with ANYCHIP_CPU_ISA set.
 """
 
@@ -87,9 +88,20 @@ def pack4(q: np.ndarray) -> np.ndarray:
     return (u[:, :, 0, :] | (u[:, :, 1, :] << 4)).reshape(n, k // 2)
 
 
-def dequantize(q: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    g = q.shape[1] // scales.shape[1]
-    return q.astype(np.float64) * np.repeat(scales.astype(np.float64), g, axis=1)
+def per_column(groups: np.ndarray, k: int) -> np.ndarray:
+    """[N, G] per-group values as float64 [N, K]."""
+    return np.repeat(groups.astype(np.float64), k // groups.shape[1], axis=1)
+
+
+def dequantize(q: np.ndarray, scales: np.ndarray, offsets=None) -> np.ndarray:
+    w = q.astype(np.float64) * per_column(scales, q.shape[1])
+    return w if offsets is None else w + per_column(offsets, q.shape[1])
+
+
+def magnitude(q: np.ndarray, scales: np.ndarray, offsets=None) -> np.ndarray:
+    """|q * scale| + |offset|: what float32 error in W scales with (W itself may cancel to 0)."""
+    w = np.abs(dequantize(q, scales))
+    return w if offsets is None else w + np.abs(per_column(offsets, q.shape[1]))
 
 
 def w8a8_ref(x: np.ndarray, qw: np.ndarray, ws: np.ndarray, bias) -> np.ndarray:
@@ -118,6 +130,11 @@ def tolerance(dtype: str) -> float:
     return {"float32": 4e-6, "float16": 1e-3, "bfloat16": 9e-3}[dtype]
 
 
+def check_error(got, want, bound, dtype, what):
+    excess = np.abs(got - want) - tolerance(dtype) * bound
+    assert np.all(excess <= 1e-30), f"{what}: max excess {np.max(excess)}"
+
+
 # ---- one case per kernel ------------------------------------------------------------------------
 
 def quantized_weight(rng, k, n, dtype, bits, group_size):
@@ -130,6 +147,18 @@ def quantized_weight(rng, k, n, dtype, bits, group_size):
     return w_stored, q, packed, scales
 
 
+def random_offsets(rng, scales: np.ndarray) -> np.ndarray:
+    """Per-group offsets as GGUF's Q4_1 gives them: min + 8 * scale."""
+    return (rng.uniform(-0.6, 0.1, scales.shape) + 8 * scales).astype(np.float32)
+
+
+def weight_args(packed, scales, offsets, bits, group_size):
+    """The weight inputs and the attrs of weight_only_linear(_grad): has_offsets only when set."""
+    if offsets is None:
+        return [packed, scales], [bits, group_size]
+    return [packed, scales, offsets], [bits, group_size, 1]
+
+
 def check_quantize(rng, k, n, dtype, bits, group_size):
     w_stored, q, packed, scales = quantized_weight(rng, k, n, dtype, bits, group_size)
     qw = np.full(packed.shape, 0x55, dtype=packed.dtype)
@@ -139,35 +168,35 @@ def check_quantize(rng, k, n, dtype, bits, group_size):
     np.testing.assert_array_equal(qw, packed)
 
 
-def check_linear(rng, m, k, n, dtype, bits, group_size, with_bias):
+def check_linear(rng, m, k, n, dtype, bits, group_size, with_bias, with_offsets=False):
     _, q, packed, scales = quantized_weight(rng, k, n, dtype, bits, group_size)
+    offsets = random_offsets(rng, scales) if with_offsets else None
     x_stored = store(rng.standard_normal((m, k)), dtype)
     x = value(x_stored, dtype)
-    w = dequantize(q, scales)
-    inputs, dts = [x_stored, packed, scales], [dtype, "", ""]
-    ref, bound = x @ w.T, np.abs(x) @ np.abs(w).T
+    weights, attrs = weight_args(packed, scales, offsets, bits, group_size)
+    inputs, dts = [x_stored] + weights, [dtype] + [""] * len(weights)
+    ref, bound = x @ dequantize(q, scales, offsets).T, np.abs(x) @ magnitude(q, scales, offsets).T
     if with_bias:
         b_stored = store(rng.standard_normal(n), dtype)
         inputs.append(b_stored)
         dts.append(dtype)
         ref, bound = ref + value(b_stored, dtype), bound + np.abs(value(b_stored, dtype))
     y = empty((m, n), dtype)
-    kernel("weight_only_linear").run_host(inputs, [y], [bits, group_size], dtypes=names(*dts, dtype))
-    err = np.abs(value(y, dtype) - ref)
-    assert np.all(err <= tolerance(dtype) * bound + 1e-30), f"max excess {np.max(err - tolerance(dtype) * bound)}"
+    kernel("weight_only_linear").run_host(inputs, [y], attrs, dtypes=names(*dts, dtype))
+    check_error(value(y, dtype), ref, bound, dtype, f"m={m} bits={bits} group={group_size} offsets={with_offsets}")
 
 
-def check_grad(rng, m, k, n, dtype, bits, group_size):
+def check_grad(rng, m, k, n, dtype, bits, group_size, with_offsets=False):
     _, q, packed, scales = quantized_weight(rng, k, n, dtype, bits, group_size)
+    offsets = random_offsets(rng, scales) if with_offsets else None
     dy_stored = store(rng.standard_normal((m, n)), dtype)
     dy = value(dy_stored, dtype)
-    w = dequantize(q, scales)
+    weights, attrs = weight_args(packed, scales, offsets, bits, group_size)
     dx = empty((m, k), dtype)
-    kernel("weight_only_linear_grad").run_host([dy_stored, packed, scales], [dx], [bits, group_size],
-                                               dtypes=names(dtype, "", "", dtype))
-    err = np.abs(value(dx, dtype) - dy @ w)
-    bound = np.abs(dy) @ np.abs(w)
-    assert np.all(err <= tolerance(dtype) * bound + 1e-30), f"max excess {np.max(err - tolerance(dtype) * bound)}"
+    kernel("weight_only_linear_grad").run_host([dy_stored] + weights, [dx], attrs,
+                                               dtypes=names(dtype, *[""] * len(weights), dtype))
+    check_error(value(dx, dtype), dy @ dequantize(q, scales, offsets), np.abs(dy) @ magnitude(q, scales, offsets),
+                dtype, f"m={m} bits={bits} group={group_size} offsets={with_offsets}")
 
 
 def check_w8a8(rng, m, k, n, dtype, with_bias):
@@ -187,16 +216,23 @@ def check_w8a8(rng, m, k, n, dtype, with_bias):
     np.testing.assert_array_equal(value(y, dtype), rounded(w8a8_ref(value(x_stored, dtype), q, scales, bias), dtype))
 
 
+# (M, with offsets): with AMX and bf16 x, M = 3 and 8 take the tile GEMV, 17 and more the tile
+# GEMM; otherwise M <= 8 the float32 GEMV and more the float32 GEMM.
+ISA_ROWS = ((1, False), (1, True), (3, True), (8, False), (17, True), (37, False), (65, True))
+
+
 def isa_cases(seed: int = 0) -> None:
-    """Every kernel, dtype, bit width and group size at decode and prefill sizes (for one ISA)."""
+    """Every kernel, dtype, bit width and group size, with and without offsets, at decode and
+    prefill sizes (for one ISA)."""
     rng = np.random.default_rng(seed)
     for dtype in FLOATS:
         for bits in (4, 8):
             for group_size in (-1, 64, 128, 32):
                 check_quantize(rng, 256, 19, dtype, bits, group_size)
-                for m in (1, 5, 8, 37):
-                    check_linear(rng, m, 256 if m < 37 else 384, 21, dtype, bits, group_size, with_bias=m != 5)
-                    check_grad(rng, m, 384 if m < 37 else 256, 23, dtype, bits, group_size)
+                for m, with_offsets in ISA_ROWS:
+                    check_linear(rng, m, 256 if m < 17 else 384, 21, dtype, bits, group_size,
+                                 with_bias=m != 3, with_offsets=with_offsets)
+                    check_grad(rng, m, 384 if m < 17 else 256, 23, dtype, bits, group_size, with_offsets)
         for m in (1, 7, 40):
             check_w8a8(rng, m, 200, 29, dtype, with_bias=m != 7)
 
@@ -234,19 +270,21 @@ def test_weight_quantize_8bit_any_k():
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("group_size", [-1, 64, 128, 32])
-def test_weight_only_linear(dtype, bits, group_size):
+@pytest.mark.parametrize("with_offsets", [False, True])
+def test_weight_only_linear(dtype, bits, group_size, with_offsets):
     rng = np.random.default_rng(7 + bits + group_size)
-    for m in (1, 2, 3, 8, 9, 61):
-        check_linear(rng, m, 384, 67, dtype, bits, group_size, with_bias=m % 2 == 1)
+    for m in (1, 2, 3, 8, 9, 17, 65):
+        check_linear(rng, m, 384, 67, dtype, bits, group_size, with_bias=m % 2 == 1, with_offsets=with_offsets)
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("group_size", [-1, 64, 128, 32])
-def test_weight_only_linear_grad(dtype, bits, group_size):
+@pytest.mark.parametrize("with_offsets", [False, True])
+def test_weight_only_linear_grad(dtype, bits, group_size, with_offsets):
     rng = np.random.default_rng(11 + bits + group_size)
-    for m in (1, 4, 8, 13, 50):
-        check_grad(rng, m, 384, 67, dtype, bits, group_size)
+    for m in (1, 3, 4, 8, 17, 65):
+        check_grad(rng, m, 384, 67, dtype, bits, group_size, with_offsets)
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
@@ -320,6 +358,27 @@ def test_rejects_what_it_cannot_do():
     qw, sc = np.zeros((8, 32), np.uint8), np.zeros((8, 1), np.float32)
     with pytest.raises(RuntimeError, match="contiguous"):
         kernel("weight_only_linear").run_host([x, qw, sc], [np.zeros((4, 8), np.float32)], [4, -1])
+    x, y, dy = np.zeros((4, 64), np.float32), np.zeros((4, 8), np.float32), np.zeros((4, 8), np.float32)
+    for offsets in (np.zeros((8, 2), np.float32), np.zeros((8, 1), np.float64), np.zeros((1, 8), np.float32),
+                    np.zeros((8, 2), np.float32)[:, :1]):
+        with pytest.raises(RuntimeError, match=r"offsets must be contiguous float32 \[8, 1\]"):
+            kernel("weight_only_linear").run_host([x, qw, sc, offsets], [y], [4, -1, 1])
+        with pytest.raises(RuntimeError, match=r"offsets must be contiguous float32 \[8, 1\]"):
+            kernel("weight_only_linear_grad").run_host([dy, qw, sc, offsets], [x], [4, -1, 1])
+    with pytest.raises(RuntimeError, match="has_offsets must be 0 or 1"):
+        kernel("weight_only_linear").run_host([x, qw, sc, sc], [y], [4, -1, 2])
+    with pytest.raises(RuntimeError, match="expects x, qweight, scales, offsets"):
+        kernel("weight_only_linear").run_host([x, qw, sc], [y], [4, -1, 1])
+
+
+def test_has_offsets_0_reads_input_3_as_bias():
+    rng = np.random.default_rng(2)
+    _, _, packed, scales = quantized_weight(rng, 128, 10, "float32", 8, 32)
+    x, bias = rng.standard_normal((3, 128)).astype(np.float32), rng.standard_normal(10).astype(np.float32)
+    y_absent, y_zero = empty((3, 10), "float32"), empty((3, 10), "float32")
+    kernel("weight_only_linear").run_host([x, packed, scales, bias], [y_absent], [8, 32])
+    kernel("weight_only_linear").run_host([x, packed, scales, bias], [y_zero], [8, 32, 0])
+    np.testing.assert_array_equal(y_zero, y_absent)
 
 
 @pytest.mark.parametrize("isa", ["scalar", "avx512", "amx"])

@@ -360,3 +360,31 @@ def test_frozen_inputs_get_no_gradient(device):
     k = tensor(rng.standard_normal((1, 8, 1, 16)), device, "float32")
     ops.attention(q, k, k, causal=True).sum().backward()
     assert list(q.grad.shape) == [1, 8, 2, 16] and k.grad is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOATS)
+@SETTINGS
+@given(m=st.integers(1, 20), n=st.integers(1, 70), k_blocks=st.integers(1, 4), bits=st.sampled_from([4, 8]),
+       group_size=st.sampled_from([-1, 32, 64]), bias=st.booleans(), seed=st.integers(0, 99))
+def test_weight_only_linear_with_offsets(device, dtype, m, n, k_blocks, bits, group_size, bias, seed):
+    """Asymmetric groups, W = q * scale + offset (GGUF's Q4_1 as loaded: offset = min + 8 * scale),
+    forward and the grads wrt x and bias."""
+    rng = np.random.default_rng(seed)
+    k = 64 * k_blocks
+    qweight, scales = quantize_numpy(rng.standard_normal((k, n)) * 0.1, bits, group_size)
+    offsets = (rng.uniform(-0.1, 0.05, scales.shape) + 8 * scales).astype(np.float32)
+    arrays = {"x": rng.standard_normal((m, k)), "qweight": qweight, "scales": scales, "offsets": offsets}
+    if bias:
+        arrays["bias"] = rng.standard_normal(n)
+    impl = _WeightOnly(bits, group_size, ("cpu", 0), bias, has_offsets=True)
+
+    def call(scales, offsets, **t):
+        return ops.weight_only_linear(scales=scales, offsets=offsets, bits=bits, group_size=group_size, **t)
+
+    def ref(scales, offsets, **t):
+        return impl.reference(scales=scales, offsets=offsets, **t)
+
+    _compare_keep_f32(call, ref, arrays, device, dtype, ["x"] + (["bias"] if bias else []),
+                      [rng.standard_normal((m, n))], "weight_only_linear", keep=("scales", "offsets"))
+    assert not no_fallbacks("weight_only_linear")

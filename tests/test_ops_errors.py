@@ -190,3 +190,19 @@ def test_every_op_declares_its_spec():
     for name, spec in ops.OPS.items():
         assert spec.function.__doc__ and spec.signature.parameters, name
         assert set(spec.tolerance) == set(spec.dtypes), name
+
+
+@pytest.mark.parametrize("offsets,message", [
+    (lambda: tensor(np.zeros((8, 3), np.float32), "cpu"), "offsets must have shape [8, 2] (one per group"),
+    (lambda: t((8, 2), dtype="float16"), "offsets has dtype float16, expected one of float32"),
+    (lambda: np.zeros((8, 2), np.float32), "offsets must be a paddle.Tensor"),
+    (lambda: tensor(np.zeros((8, 2), np.float32), "npu"), "offsets on npu:0"),
+])
+def test_bad_weight_only_offsets_are_named_before_any_kernel(offsets, message):
+    anychip.reset_fallbacks()
+    x, qweight = t((3, 64)), tensor(np.zeros((8, 32), np.uint8), "cpu")
+    scales = tensor(np.ones((8, 2), np.float32), "cpu")
+    with pytest.raises(OpArgumentError) as info:
+        ops.weight_only_linear(x, qweight, scales, bits=4, group_size=32, offsets=offsets())
+    assert message in str(info.value)
+    assert not anychip.fallback_counts()

@@ -1,8 +1,12 @@
 """Quantized linear layers: weight-only int8/int4 and int8 weights x int8 activations.
 
 anychip's packed format (anychip/kernel.h, weight_quantize): qweight [N, K] int8 for 8 bits,
-[N, K/2] uint8 for 4 bits (64-wide nibble blocks), scales float32 [N, G]. Weights come in
-Paddle's Linear layout [K, N] (in_features, out_features).
+[N, K/2] uint8 for 4 bits (64-wide nibble blocks), scales float32 [N, G], with G = K /
+group_size (1 for group_size -1). Weights come in Paddle's Linear layout [K, N] (in_features,
+out_features). weight_quantize is symmetric, W = q * scale; weight_only_linear and dequantize also
+take optional per-group offsets float32 [N, G], W = q * scale + offset, which is how asymmetric
+formats such as GGUF's Q4_1 (groups of 32, w = d * q + m with q in 0..15) load exactly:
+scale d, offset m + 8 d.
 """
 
 from __future__ import annotations
@@ -12,15 +16,16 @@ import numpy as np
 from . import checks
 from .dispatch import OpImpl, dtype_name, empty, launch, paddle, run
 
-GROUP_SIZES = (-1, 64, 128)
+GROUP_SIZES = (-1, 32, 64, 128)  # the usual ones; any divisor of K works
 
 
 def _check_bits_group(op: str, bits: int, group_size: int, k: int) -> None:
     if bits not in (4, 8):
         raise checks.OpArgumentError(f"{op}: bits must be 4 or 8, got {bits}")
     if group_size != -1 and (group_size <= 0 or k % group_size):
+        usual = ", ".join(str(g) for g in GROUP_SIZES if g > 0)
         raise checks.OpArgumentError(
-            f"{op}: group_size must be -1 or divide K={k} (64 and 128 are usual), got {group_size}")
+            f"{op}: group_size must be -1 or divide K={k} ({usual} are usual), got {group_size}")
     if bits == 4 and k % 64:
         raise checks.OpArgumentError(f"{op}: 4-bit weights need K to be a multiple of 64, got K={k}")
 
@@ -34,8 +39,9 @@ def _round_half_away(x):
     return pd.sign(x) * pd.floor(pd.abs(x) + 0.5)
 
 
-def dequantize(qweight, scales, bits: int, group_size: int, k: int):
-    """W [N, K] float32 from anychip's packed format, with plain Paddle ops."""
+def dequantize(qweight, scales, bits: int, group_size: int, k: int, offsets=None):
+    """W [N, K] float32 from anychip's packed format (q * scale, plus ``offsets`` [N, G] per group
+    when given), with plain Paddle ops."""
     pd = paddle()
     n = qweight.shape[0]
     if bits == 8:
@@ -45,8 +51,10 @@ def dequantize(qweight, scales, bits: int, group_size: int, k: int):
         low, high = blocks % 16, blocks // 16
         q = (pd.concat([low, high], axis=-1) - 8).reshape([n, k]).astype("float32")
     group = k if group_size == -1 else group_size
-    s = pd.repeat_interleave(scales, group, axis=1)
-    return q * s
+    w = q * pd.repeat_interleave(scales, group, axis=1)
+    if offsets is not None:
+        w = w + pd.repeat_interleave(offsets, group, axis=1)
+    return w
 
 
 class _Quantize(OpImpl):
@@ -95,10 +103,11 @@ def weight_quantize(w, bits: int = 8, group_size: int = -1):
     return qweight, scales
 
 
-def _check_packed(op, x, qweight, scales, bias, bits, group_size):
+def _check_packed(op, x, qweight, scales, bias, bits, group_size, offsets=None):
     x = checks.tensor(op, "x", x)
     qweight, scales = checks.tensor(op, "qweight", qweight), checks.tensor(op, "scales", scales)
     bias = checks.tensor(op, "bias", bias, optional=True)
+    offsets = checks.tensor(op, "offsets", offsets, optional=True)
     checks.dtype(op, "x", x, checks.FLOAT_DTYPES)
     if len(x.shape) == 0:
         raise checks.OpArgumentError(f"{op}: x must be [..., K], got a scalar")
@@ -110,54 +119,75 @@ def _check_packed(op, x, qweight, scales, bias, bits, group_size):
     checks.shape(op, "qweight", qweight, [n, k if bits == 8 else k // 2], f"{bits}-bit weights for K={k}")
     checks.dtype(op, "scales", scales, ("float32",))
     checks.shape(op, "scales", scales, [n, _groups(k, group_size)], f"group_size={group_size}")
+    if offsets is not None:
+        checks.dtype(op, "offsets", offsets, ("float32",))
+        checks.shape(op, "offsets", offsets, [n, _groups(k, group_size)], "one per group, like scales")
     if bias is not None:
         checks.same_dtype(op, "x", x, bias=bias)
         checks.shape(op, "bias", bias, [n], "[N]")
-    device = checks.same_device(op, x=x, qweight=qweight, scales=scales, bias=bias)
-    x, qweight, scales, bias = (checks.contiguous(op, name, t, device) for name, t in
-                                (("x", x), ("qweight", qweight), ("scales", scales), ("bias", bias)))
-    return x, qweight, scales, bias, device
+    device = checks.same_device(op, x=x, qweight=qweight, scales=scales, offsets=offsets, bias=bias)
+    x, qweight, scales, offsets, bias = (
+        checks.contiguous(op, name, t, device) for name, t in
+        (("x", x), ("qweight", qweight), ("scales", scales), ("offsets", offsets), ("bias", bias)))
+    return x, qweight, scales, offsets, bias, device
 
 
 class _WeightOnly(OpImpl):
+    """Its tensors: x, qweight, scales, then offsets and bias where the call has them."""
+
     name = "weight_only_linear"
 
-    def __init__(self, bits, group_size, device, has_bias):
-        self.bits, self.group_size, self.device, self.has_bias = bits, group_size, device, has_bias
+    def __init__(self, bits, group_size, device, has_bias, has_offsets=False):
+        self.bits, self.group_size, self.device = bits, group_size, device
+        self.has_bias, self.has_offsets = has_bias, has_offsets
 
-    def forward(self, kernel, x, qweight, scales, bias=None):
+    def _split(self, rest):
+        """(offsets, bias) from the tensors after scales."""
+        return rest[0] if self.has_offsets else None, rest[-1] if self.has_bias else None
+
+    def _attrs(self):
+        return [self.bits, self.group_size, int(self.has_offsets)]
+
+    def forward(self, kernel, x, qweight, scales, *rest):
         y = empty(list(x.shape[:-1]) + [qweight.shape[0]], dtype_name(x), self.device)
-        inputs = [x, qweight, scales] + ([bias] if bias is not None else [])
-        launch(kernel, self.name, self.device, inputs, [y], [self.bits, self.group_size])
-        return y, (qweight, scales), []
+        launch(kernel, self.name, self.device, [x, qweight, scales, *rest], [y], self._attrs())
+        weights = (qweight, scales) + tuple(rest[:1] if self.has_offsets else ())
+        return y, weights, []
 
     def backward(self, kernel, saved, grads):
-        qweight, scales = saved
+        qweight = saved[0]
         dy = grads[0].contiguous()
         k = qweight.shape[1] * (1 if self.bits == 8 else 2)
         dx = empty(list(dy.shape[:-1]) + [k], dtype_name(dy), self.device)
-        launch(kernel, self.name + "_grad", self.device, [dy, qweight, scales], [dx], [self.bits, self.group_size])
+        launch(kernel, self.name + "_grad", self.device, [dy, *saved], [dx], self._attrs())
         dbias = None
         if self.has_bias:
             dbias = dy.astype("float32").reshape([-1, dy.shape[-1]]).sum(axis=0).astype(dy.dtype)
-        return (dx, None, None) + ((dbias,) if self.has_bias else ())
+        # qweight, scales and offsets are not trained
+        return (dx,) + (None,) * len(saved) + ((dbias,) if self.has_bias else ())
 
-    def reference(self, x, qweight, scales, bias=None):
+    def reference(self, x, qweight, scales, *rest, offsets=None, bias=None):
+        """Takes offsets and bias positionally as the kernel does, or by name."""
         pd = paddle()
-        w = dequantize(qweight, scales, self.bits, self.group_size, x.shape[-1])
+        if rest:
+            offsets, bias = self._split(rest)
+        w = dequantize(qweight, scales, self.bits, self.group_size, x.shape[-1], offsets)
         y = pd.matmul(x.astype("float32"), w, transpose_y=True)
         if bias is not None:
             y = y + bias.astype("float32")
         return y.astype(x.dtype)
 
 
-def weight_only_linear(x, qweight, scales, bias=None, bits: int = 8, group_size: int = -1):
-    """``x @ W^T + bias`` with W stored quantized (from :func:`weight_quantize`), dequantized on
-    the fly. x [..., K] float -> [..., N]. Differentiable with respect to x and bias, so LoRA
-    adapters can train on a quantized base."""
-    x, qweight, scales, bias, device = _check_packed("weight_only_linear", x, qweight, scales, bias, bits, group_size)
-    tensors = (x, qweight, scales) + ((bias,) if bias is not None else ())
-    return run(_WeightOnly(bits, group_size, device, bias is not None), device, dtype_name(x), *tensors)
+def weight_only_linear(x, qweight, scales, bias=None, bits: int = 8, group_size: int = -1, offsets=None):
+    """``x @ W^T + bias`` with W stored quantized (from :func:`weight_quantize`, or converted from
+    another format), dequantized on the fly: W = q * scales, plus ``offsets`` (float32 [N, G],
+    one per group like scales) for asymmetric groups. x [..., K] float -> [..., N].
+    Differentiable with respect to x and bias, so LoRA adapters can train on a quantized base."""
+    op = "weight_only_linear"
+    x, qweight, scales, offsets, bias, device = _check_packed(op, x, qweight, scales, bias, bits, group_size, offsets)
+    tensors = tuple(t for t in (x, qweight, scales, offsets, bias) if t is not None)
+    impl = _WeightOnly(bits, group_size, device, bias is not None, offsets is not None)
+    return run(impl, device, dtype_name(x), *tensors)
 
 
 class _W8A8(OpImpl):
@@ -188,7 +218,7 @@ def w8a8_linear(x, qweight, scales, bias=None):
     """``x @ W^T + bias`` with int8 weights (weight_quantize bits=8, group_size=-1) and x
     quantized to int8 per row on the fly (dynamic per-token scales); int32 accumulation.
     Forward only: the result does not carry gradients."""
-    x, qweight, scales, bias, device = _check_packed("w8a8_linear", x, qweight, scales, bias, 8, -1)
+    x, qweight, scales, _offsets, bias, device = _check_packed("w8a8_linear", x, qweight, scales, bias, 8, -1)
     tensors = (x, qweight, scales) + ((bias,) if bias is not None else ())
     y = run(_W8A8(device), device, dtype_name(x), *tensors, differentiable=False)
     y.stop_gradient = True

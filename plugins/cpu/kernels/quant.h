@@ -25,6 +25,7 @@ inline float round_half_away(float v) {
 struct QWeight {
   const uint8_t* q;      // bits 8: int8 [N, K]; bits 4: uint8 [N, K/2] in 64-wide nibble blocks
   const float* scales;   // [N, groups]
+  const float* offsets = nullptr;  // [N, groups] or none: W = q * scale + offset (asymmetric groups)
   int64_t n = 0, k = 0;
   int64_t group = 0;     // elements per scale (K for group_size -1)
   int64_t groups = 0;
@@ -33,6 +34,13 @@ struct QWeight {
   int64_t row_bytes() const { return bits == 8 ? k : k / 2; }
   const uint8_t* row(int64_t i) const { return q + i * row_bytes(); }
   const float* row_scales(int64_t i) const { return scales + i * groups; }
+  const float* row_offsets(int64_t i) const { return offsets == nullptr ? nullptr : offsets + i * groups; }
+  // The same weight without its offsets: the symmetric part q * scale.
+  QWeight symmetric() const {
+    QWeight s = *this;
+    s.offsets = nullptr;
+    return s;
+  }
 };
 
 // q[n][k] without its scale. 4 bits: block b = k / 64 is 32 bytes, byte i holding k = 64b + i
@@ -44,7 +52,8 @@ inline int qvalue(const QWeight& w, int64_t n, int64_t k) {
   return ((k & 32) ? (b >> 4) : (b & 15)) - 8;
 }
 
-// W[n][k0, k1) = q * scale (the float32 product) into out[0, k1 - k0).
+// W[n][k0, k1) into out[0, k1 - k0): q * scale (the float32 product), or with offsets
+// fma(q, scale, offset) (one rounding).
 void dequant_row(const QWeight& w, int64_t n, int64_t k0, int64_t k1, float* out, Isa isa);
 
 // ---- float tensors -----------------------------------------------------------------------------
@@ -71,18 +80,31 @@ void store_rows(const AnychipTensor& y, int64_t ld, int64_t r0, int64_t rows, in
 
 constexpr int64_t kGemvRows = 8;
 
-// y[m][n] = sum_k x[m][k] W[n][k] for m < M, n in [n0, n1); x float32 [M][K], y float32 [M][ldy].
+// y[m][n] = sum_k x[m][k] q[n][k] scales[n][k / group] for m < M, n in [n0, n1): the symmetric
+// part of x W^T (offsets are ignored; add_offsets adds their share). x float32 [M][K], y float32
+// [M][ldy].
 void gemv(const QWeight& w, const float* x, int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy, Isa isa);
 
-// acc[i * ldacc + k - k0] += sum_n dy[i][n] W[n][k] for i < M, k in [k0, k1); dy float32 [M][N].
-// scratch holds 4 * (k1 - k0) floats.
+// y[m][n] += sum_g offsets[n][g] * (sum of x[m] over group g), for n in [n0, n1): the offsets'
+// share of x W^T, added after gemv (or any product over the symmetric part). No-op without
+// offsets.
+void add_offsets(const QWeight& w, const float* x, int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy);
+
+// add_offsets in two steps, for callers that split N into many ranges: the group sums of x once
+// (sums[i * groups + g], M x groups floats), then the ranges. Same results as add_offsets.
+void group_sums(const QWeight& w, const float* x, int64_t m, float* sums);
+void add_offsets_sums(const QWeight& w, const float* sums, int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy);
+
+// acc[i * ldacc + k - k0] += sum_n dy[i][n] W[n][k] for i < M, k in [k0, k1), W with its offsets;
+// dy float32 [M][N]. scratch holds 4 * (k1 - k0) floats.
 void gemv_grad(const QWeight& w, const float* dy, int64_t m, int64_t k0, int64_t k1, float* acc, int64_t ldacc,
                float* scratch, Isa isa);
 
-// AMX bf16 version for bf16 x with at most 16 rows, K a multiple of 128 and groups of whole
-// 64-column blocks (4 bits) or 16 columns (8 bits), as gemv_amx_fits checks: x^T packed once by
-// pack_xt, then gemv_amx on any number of row ranges, on threads between amx_thread_begin(M)
-// and amx_thread_end(), each with its own scratch of kAmxGemvScratch elements.
+// AMX bf16 version of x W^T, W with its offsets, for bf16 x with at most 16 rows, K a multiple
+// of 128 and groups of whole 32 (4 bits) or 16 (8 bits) columns, as gemv_amx_fits checks:
+// x^T packed once by pack_xt, then gemv_amx on any number of row ranges, on threads between
+// amx_thread_begin(M) and amx_thread_end(), each with its own scratch of kAmxGemvScratch
+// elements.
 constexpr int64_t kAmxGemvScratch = 2 * 64 * 128;
 bool gemv_amx_fits(const QWeight& w, int64_t m);
 std::vector<uint8_t> pack_xt(const uint16_t* x, int64_t m, int64_t k);

@@ -1,6 +1,8 @@
 // Dequantization of weight rows, float dtype conversion and a dword transpose, for the
-// quantized-linear kernels. Scalar and AVX-512 versions give the same values: W = float(q) * scale.
+// quantized-linear kernels. Scalar and AVX-512 versions give the same values: W = float(q) * scale,
+// or fma(float(q), scale, offset) for asymmetric groups.
 #include <algorithm>
+#include <cmath>
 
 #include "quant.h"
 #include "quant_simd.h"
@@ -8,31 +10,41 @@
 namespace anychip::cpu::quant {
 namespace {
 
+inline float weight_value(int q, const float* scales, const float* offsets, int64_t g) {
+  const float v = static_cast<float>(q);
+  return offsets == nullptr ? v * scales[g] : std::fma(v, scales[g], offsets[g]);
+}
+
 void dequant_row_scalar(const QWeight& w, int64_t n, int64_t k0, int64_t k1, float* out) {
   const float* s = w.row_scales(n);
+  const float* o = w.row_offsets(n);
   for (int64_t k = k0; k < k1;) {
     const int64_t g = k / w.group, end = std::min(k1, (g + 1) * w.group);
-    for (; k < end; ++k) out[k - k0] = static_cast<float>(qvalue(w, n, k)) * s[g];
+    for (; k < end; ++k) out[k - k0] = weight_value(qvalue(w, n, k), s, o, g);
   }
 }
 
 QUANT_AVX512 void dequant_row_avx512(const QWeight& w, int64_t n, int64_t k0, int64_t k1, float* out) {
   const uint8_t* row = w.row(n);
   const float* s = w.row_scales(n);
+  const float* o = w.row_offsets(n);
   for (int64_t k = k0; k < k1;) {
     const int64_t g = k / w.group, end = std::min(k1, (g + 1) * w.group);
+    const __m512 scale = _mm512_set1_ps(s[g]);
     if (w.bits == 8) {
-      const __m512 scale = _mm512_set1_ps(s[g]);
+      const __m512 offset = _mm512_set1_ps(o == nullptr ? 0.0f : o[g]);
       for (; k < end; k += 16) {
         const __mmask16 m = lanes16(end - k);
-        const __m512i q = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, row + k));
-        _mm512_mask_storeu_ps(out + (k - k0), m, _mm512_mul_ps(_mm512_cvtepi32_ps(q), scale));
+        const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, row + k)));
+        _mm512_mask_storeu_ps(out + (k - k0), m,
+                              o == nullptr ? _mm512_mul_ps(q, scale) : _mm512_fmadd_ps(q, scale, offset));
       }
     } else {
-      const __m512 table = _mm512_mul_ps(nibble_values(), _mm512_set1_ps(s[g]));
-      for (; k < end && (k & 15) != 0; ++k) out[k - k0] = static_cast<float>(qvalue(w, n, k)) * s[g];
+      const __m512 table = o == nullptr ? _mm512_mul_ps(nibble_values(), scale)
+                                        : _mm512_fmadd_ps(nibble_values(), scale, _mm512_set1_ps(o[g]));
+      for (; k < end && (k & 15) != 0; ++k) out[k - k0] = weight_value(qvalue(w, n, k), s, o, g);
       for (; k + 16 <= end; k += 16) _mm512_storeu_ps(out + (k - k0), nibbles16(row, k, table));
-      for (; k < end; ++k) out[k - k0] = static_cast<float>(qvalue(w, n, k)) * s[g];
+      for (; k < end; ++k) out[k - k0] = weight_value(qvalue(w, n, k), s, o, g);
     }
     k = end;
   }

@@ -89,16 +89,22 @@ QUANT_INLINE void store_sums(const __m512 (&acc)[MR][NR], int64_t n, float* y, i
     }
 }
 
-// The scales of the group starting at k, and where the next one starts.
+// The scales (and offsets, 0 without them) of the group starting at k, and where the next one
+// starts.
 template <int NR>
 struct Groups {
   const float* sc[NR];
+  const float* off[NR];
   int64_t group, g, next;
 
   Groups(const QWeight& w, int64_t n, int64_t k) : group(w.group), g(k / w.group), next((k / w.group + 1) * w.group) {
-    for (int r = 0; r < NR; ++r) sc[r] = w.row_scales(n + r);
+    for (int r = 0; r < NR; ++r) {
+      sc[r] = w.row_scales(n + r);
+      off[r] = w.row_offsets(n + r);
+    }
   }
   float scale(int r) const { return sc[r][g]; }
+  float offset(int r) const { return off[r] == nullptr ? 0.0f : off[r][g]; }
   bool advance(int64_t k) {  // true when k opens a new group
     if (k != next) return false;
     ++g;
@@ -109,7 +115,16 @@ struct Groups {
 
 template <int NR>
 QUANT_INLINE void make_tables(const Groups<NR>& groups, __m512 (&table)[NR]) {
-  for (int r = 0; r < NR; ++r) table[r] = _mm512_mul_ps(nibble_values(), _mm512_set1_ps(groups.scale(r)));
+  for (int r = 0; r < NR; ++r)
+    table[r] = _mm512_fmadd_ps(nibble_values(), _mm512_set1_ps(groups.scale(r)), _mm512_set1_ps(groups.offset(r)));
+}
+
+template <int NR>
+QUANT_INLINE void broadcast_groups(const Groups<NR>& groups, __m512 (&scale)[NR], __m512 (&offset)[NR]) {
+  for (int r = 0; r < NR; ++r) {
+    scale[r] = _mm512_set1_ps(groups.scale(r));
+    offset[r] = _mm512_set1_ps(groups.offset(r));
+  }
 }
 
 // 16 columns from k (codes in the low 4 bits of each dword).
@@ -325,16 +340,15 @@ QUANT_AVX512 void grad8_tile(const QWeight& w, const float* dy, int64_t n, int64
   __m512 c[MR][NR];
   coefficients<MR, NR>(dy, w.n, n, c);
   Groups<NR> groups(w, n, k0);
-  __m512 scale[NR];
-  for (int r = 0; r < NR; ++r) scale[r] = _mm512_set1_ps(groups.scale(r));
+  __m512 scale[NR], offset[NR];
+  broadcast_groups(groups, scale, offset);
   for (int64_t k = k0; k < k1; k += 16) {
-    if (groups.advance(k))
-      for (int r = 0; r < NR; ++r) scale[r] = _mm512_set1_ps(groups.scale(r));
+    if (groups.advance(k)) broadcast_groups(groups, scale, offset);
     if ((k & 63) == 0) prefetch_rows<NR>(ahead, row, k);
     __m512 wv[NR];
     for (int r = 0; r < NR; ++r) {
       const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row[r] + k)));
-      wv[r] = _mm512_mul_ps(_mm512_cvtepi32_ps(q), scale[r]);
+      wv[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), scale[r], offset[r]);
     }
     axpy_step<MR, NR>(acc + (k - k0), ldacc, c, wv);
   }
@@ -407,10 +421,11 @@ void gemv_grad_avx512(const QWeight& w, const float* dy, int64_t m, int64_t k0, 
 }  // namespace
 
 void gemv(const QWeight& w, const float* x, int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy, Isa isa) {
+  const QWeight sym = w.symmetric();
   if (isa == Isa::kScalar) {
-    gemv_scalar(w, x, m, n0, n1, y, ldy);
+    gemv_scalar(sym, x, m, n0, n1, y, ldy);
   } else {
-    gemv_avx512(w, x, m, n0, n1, y, ldy);
+    gemv_avx512(sym, x, m, n0, n1, y, ldy);
   }
 }
 

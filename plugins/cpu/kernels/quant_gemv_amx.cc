@@ -2,7 +2,8 @@
 // of arithmetic before memory bandwidth, while one tdpbf16ps multiplies 16 rows of W by up to 16
 // rows of x. So C^T = W x^T: x^T is packed once into VNNI tiles (B), and each block of 64 rows
 // of W is dequantized to bf16, a chunk of columns at a time, into an L1 scratch the A tiles are
-// loaded from. The weights are rounded to bf16 (q * scale in float32, then to nearest even).
+// loaded from. The weights are rounded to bf16 (q * scale, or fma(q, scale, offset), in float32,
+// then to nearest even).
 #include <algorithm>
 #include <vector>
 
@@ -16,11 +17,12 @@ constexpr int64_t kRows = 64;     // rows of W per call: four accumulator tiles
 constexpr int64_t kChunk = 128;   // columns dequantized at a time (16 KB of bf16 for 64 rows)
 static_assert(kAmxGemvScratch == 2 * kRows * kChunk, "two chunk buffers");
 
-// The bf16 lookup table of a 4-bit row's group: 16 values (code - 8) * scale, twice over, since
-// vpermw reads 5 index bits (the fifth being the high nibble's lowest bit for a low nibble).
-QUANT_AMX inline __m512i nibble_table_bf16(float scale) {
-  const __m256i half =
-      reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_mul_ps(nibble_values(), _mm512_set1_ps(scale))));
+// The bf16 lookup table of a 4-bit row's group: 16 values (code - 8) * scale + offset, twice
+// over, since vpermw reads 5 index bits (the fifth being the high nibble's lowest bit for a low
+// nibble).
+QUANT_AMX inline __m512i nibble_table_bf16(float scale, float offset) {
+  const __m512 values = _mm512_fmadd_ps(nibble_values(), _mm512_set1_ps(scale), _mm512_set1_ps(offset));
+  const __m256i half = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(values));
   return _mm512_inserti64x4(_mm512_castsi256_si512(half), half, 1);
 }
 
@@ -32,7 +34,8 @@ class ChunkDequant {
     for (int64_t r = 0; r < rows_; ++r) {
       row_[r] = w.row(n0 + r);
       scales_[r] = w.row_scales(n0 + r);
-      table_group_[r] = -1;
+      offsets_[r] = w.row_offsets(n0 + r);
+      low_group_[r] = high_group_[r] = -1;
     }
   }
 
@@ -54,19 +57,27 @@ class ChunkDequant {
           _mm_prefetch(reinterpret_cast<const char*>(src + 2 * bytes + line), _MM_HINT_T0);
       if (bits_ == 4) {
         for (int64_t b = 0; b < kChunk / 64; ++b) {
-          const int64_t g = group_[4 * b];
-          if (table_group_[r] != g) {
-            table_[r] = nibble_table_bf16(scales_[r][g]);
-            table_group_[r] = g;
+          // The low nibbles hold columns 64b .. 64b + 31, the high ones the next 32: with groups
+          // of 32 they have tables of their own.
+          const int64_t low = group_[4 * b], high = group_[4 * b + 2];
+          if (low_group_[r] != low) {
+            low_[r] = high_group_[r] == low ? high_[r] : table(r, low);
+            low_group_[r] = low;
+          }
+          if (high_group_[r] != high) {
+            high_[r] = high == low ? low_[r] : table(r, high);
+            high_group_[r] = high;
           }
           const __m512i codes = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 32 * b)));
-          _mm512_storeu_si512(dst + 64 * b, _mm512_permutexvar_epi16(codes, table_[r]));
-          _mm512_storeu_si512(dst + 64 * b + 32, _mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 4), table_[r]));
+          _mm512_storeu_si512(dst + 64 * b, _mm512_permutexvar_epi16(codes, low_[r]));
+          _mm512_storeu_si512(dst + 64 * b + 32, _mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 4), high_[r]));
         }
       } else {
         for (int64_t j = 0; j < kChunk / 16; ++j) {
+          const int64_t g = group_[j];
           const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16 * j)));
-          const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(scales_[r][group_[j]]));
+          const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(scales_[r][g]),
+                                           _mm512_set1_ps(offset(r, g)));
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 16 * j), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
         }
       }
@@ -74,14 +85,18 @@ class ChunkDequant {
   }
 
  private:
+  float offset(int64_t r, int64_t g) const { return offsets_[r] == nullptr ? 0.0f : offsets_[r][g]; }
+  QUANT_AMX __m512i table(int64_t r, int64_t g) const { return nibble_table_bf16(scales_[r][g], offset(r, g)); }
+
   int bits_;
   int64_t group_size_, k_, rows_;
   int64_t k0_ = -1;
   int64_t group_[kChunk / 16] = {};
   const uint8_t* row_[kRows];
   const float* scales_[kRows];
-  __m512i table_[kRows];
-  int64_t table_group_[kRows];  // the group table_[r] is for
+  const float* offsets_[kRows];
+  __m512i low_[kRows], high_[kRows];              // 4 bits: the tables of the low and high nibbles
+  int64_t low_group_[kRows], high_group_[kRows];  // the groups they are for
 };
 
 // One step of 32 columns: the four tiles of 16 rows times x^T (16 rows of ldx bytes).
@@ -143,7 +158,7 @@ QUANT_AMX void tiles_end() { _tile_release(); }
 }  // namespace
 
 bool gemv_amx_fits(const QWeight& w, int64_t m) {
-  return m <= 16 && w.k % kChunk == 0 && w.group % (w.bits == 4 ? 64 : 16) == 0;
+  return m <= 16 && w.k % kChunk == 0 && w.group % (w.bits == 4 ? 32 : 16) == 0;
 }
 
 std::vector<uint8_t> pack_xt(const uint16_t* x, int64_t m, int64_t k) {

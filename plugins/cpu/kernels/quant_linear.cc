@@ -1,10 +1,13 @@
 // weight_only_linear (y = x W^T + bias) and weight_only_linear_grad (dx = dy W), W dequantized
-// from weight_quantize's 4- or 8-bit layout.
+// from weight_quantize's 4- or 8-bit layout, with per-group offsets when the call has them.
 //
 // Decode sizes (M <= kGemvRows) stream W once, dequantizing in registers (quant_gemv.cc); with
 // AMX, bf16 x of 3 to 16 rows goes through tiles instead (quant_gemv_amx.cc). Larger M
 // dequantizes blocks of W into a scratch and runs a blocked product (quant_gemm.cc): AMX bf16
 // when x is bf16 and the CPU has AMX, AVX-512 FMA in float32 otherwise.
+//
+// Offsets: the float32 GEMV adds their share, offsets times the group sums of x, after the
+// symmetric product (quant_offsets.cc); every other path dequantizes W with them.
 #include <omp.h>
 
 #include <algorithm>
@@ -15,7 +18,14 @@
 namespace anychip::cpu::quant {
 namespace {
 
-// The quantized weight of a call (inputs `qi`, `qi + 1`; attrs bits, group_size) for K inputs.
+// Whether the call has offsets (attr 2, absent: no), or -1 if that attr is neither 0 nor 1.
+int offsets_attr(const AnychipKernelCall* call) {
+  const double v = attr(call, 2, 0.0);
+  return v == 0.0 ? 0 : v == 1.0 ? 1 : -1;
+}
+
+// The quantized weight of a call (inputs `qi`, `qi + 1` and, with offsets, `qi + 2`; attrs bits,
+// group_size, has_offsets) for K inputs.
 AnychipStatus read_weight(const AnychipKernelCall* call, int qi, int64_t k, QWeight* w, const char* what) {
   const AnychipTensor& q = in(call, qi);
   const AnychipTensor& s = in(call, qi + 1);
@@ -41,6 +51,14 @@ AnychipStatus read_weight(const AnychipKernelCall* call, int qi, int64_t k, QWei
   if (q.shape[1] != w->row_bytes())
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: qweight has %lld bytes per row, expected %lld", what,
                 static_cast<long long>(q.shape[1]), static_cast<long long>(w->row_bytes()));
+  if (offsets_attr(call) == 1) {
+    const AnychipTensor& o = in(call, qi + 2);
+    if (o.dtype != ANYCHIP_DTYPE_FLOAT32 || !is_contiguous(o) || o.rank != 2 || o.shape[0] != w->n ||
+        o.shape[1] != w->groups)
+      return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: offsets must be contiguous float32 [%lld, %lld] like scales",
+                  what, static_cast<long long>(w->n), static_cast<long long>(w->groups));
+    w->offsets = static_cast<const float*>(o.data);
+  }
   return ANYCHIP_OK;
 }
 
@@ -77,12 +95,17 @@ constexpr int64_t kAmxGemvMinRows = 3;
 
 void forward_gemv(const QWeight& w, const float* x, int64_t m, const AnychipTensor& y, const float* bias, Isa isa,
                   int threads) {
-  std::vector<float> acc(static_cast<size_t>(m * w.n));
+  std::vector<float> acc(static_cast<size_t>(m * w.n)), sums;
+  if (w.offsets != nullptr) {
+    sums.resize(static_cast<size_t>(m * w.groups));
+    group_sums(w, x, m, sums.data());
+  }
   const int64_t blocks = (w.n + kGemvBlock - 1) / kGemvBlock;
 #pragma omp parallel for num_threads(threads) schedule(dynamic)
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t n0 = b * kGemvBlock, n1 = std::min(w.n, n0 + kGemvBlock);
     gemv(w, x, m, n0, n1, acc.data(), w.n, isa);
+    add_offsets_sums(w, sums.data(), m, n0, n1, acc.data(), w.n);
     store_rows(y, w.n, 0, m, n0, n1 - n0, acc.data() + n0, w.n, bias, isa);
   }
 }
@@ -240,10 +263,13 @@ using namespace anychip::cpu::quant;
 
 ANYCHIP_CPU_KERNEL(weight_only_linear) {
   const char* what = "weight_only_linear";
-  if (call->num_inputs < 3 || call->num_outputs < 1)
-    return fail(call, ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: expects x, qweight, scales, bias? -> y", what);
+  const int has_offsets = offsets_attr(call);
+  if (has_offsets < 0) return fail(call, ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: has_offsets must be 0 or 1", what);
+  const int bias_at = 3 + has_offsets;
+  if (call->num_inputs < bias_at || call->num_outputs < 1)
+    return fail(call, ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: expects x, qweight, scales, offsets?, bias? -> y", what);
   const AnychipTensor& x = in(call, 0);
-  const AnychipTensor* bias = call->num_inputs > 3 ? &in(call, 3) : nullptr;
+  const AnychipTensor* bias = call->num_inputs > bias_at ? &in(call, bias_at) : nullptr;
   const AnychipTensor& y = out(call, 0);
   if (!is_float(x.dtype) || y.dtype != x.dtype || (bias != nullptr && bias->dtype != x.dtype))
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: x, bias and y must share a float dtype", what);
@@ -283,8 +309,10 @@ ANYCHIP_CPU_KERNEL(weight_only_linear) {
 
 ANYCHIP_CPU_KERNEL(weight_only_linear_grad) {
   const char* what = "weight_only_linear_grad";
-  if (call->num_inputs < 3 || call->num_outputs < 1)
-    return fail(call, ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: expects dy, qweight, scales -> dx", what);
+  const int has_offsets = offsets_attr(call);
+  if (has_offsets < 0) return fail(call, ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: has_offsets must be 0 or 1", what);
+  if (call->num_inputs < 3 + has_offsets || call->num_outputs < 1)
+    return fail(call, ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: expects dy, qweight, scales, offsets? -> dx", what);
   const AnychipTensor& dy = in(call, 0);
   const AnychipTensor& dx = out(call, 0);
   if (!is_float(dy.dtype) || dx.dtype != dy.dtype)
