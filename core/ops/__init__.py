@@ -9,6 +9,7 @@ device registered for their dtype, or its reference implementation as a counted 
 from . import masks
 from .attention import attention, flashmask_attention, flashmask_dense_mask, reference_attention
 from .checks import OpArgumentError
+from .decoder import DecoderLayer, DecoderWeights, Linear, decoder_step
 from .dispatch import KernelError
 from .norm import rms_norm
 from .optim import adamw_step
@@ -18,7 +19,7 @@ from .support import OPS, support_table
 from .swiglu import swiglu
 
 __all__ = [
-    "OPS", "KernelError", "OpArgumentError", "adamw_step", "masks", "attention", "dequantize", "flashmask_attention",
-    "flashmask_dense_mask", "reference_attention", "rms_norm", "rotary_embedding", "support_table", "swiglu",
-    "w8a8_linear", "weight_only_linear", "weight_quantize",
+    "OPS", "DecoderLayer", "DecoderWeights", "KernelError", "Linear", "OpArgumentError", "adamw_step", "masks",
+    "attention", "decoder_step", "dequantize", "flashmask_attention", "flashmask_dense_mask", "reference_attention",
+    "rms_norm", "rotary_embedding", "support_table", "swiglu", "w8a8_linear", "weight_only_linear", "weight_quantize",
 ]

@@ -87,17 +87,22 @@ def _stream(device: tuple[str, int]) -> int:
     return paddle().device.current_stream(paddle_device_string(*device)).stream_base.raw_stream
 
 
-def launch(kernel, op: str, device: tuple[str, int], inputs, outputs, attrs=()) -> None:
+def launch(kernel, op: str, device: tuple[str, int], inputs, outputs, attrs=(), described=()) -> None:
     """Runs ``kernel`` for ``op`` on ``device``, ordered on the device's current Paddle stream:
     a host-code kernel in this thread for the host CPU, else through the device's bridge
-    (returning when it is done); a device-code kernel is called with the stream to enqueue on."""
+    (returning when it is done); a device-code kernel is called with the stream to enqueue on.
+
+    ``described`` holds ready :func:`descriptor` tuples for the last ``len(described)`` inputs,
+    for an op that launches with the same (weight) tensors every time: describing a tensor takes
+    about 1 us, which hundreds of them per launch would pay again and again."""
     if not isinstance(kernel, NativeKernel):
         kernel(inputs, outputs, attrs)
         return
     from .. import _launcher
 
     index = device[1]
-    descs_in = [descriptor(t, index) for t in inputs]
+    descs_in = [descriptor(t, index) for t in inputs[:len(inputs) - len(described)]]
+    descs_in.extend(described)
     descs_out = [descriptor(t, index) for t in outputs]
     host = device[0] == "cpu"
     bridge = 0 if host or not kernel.host_code else _bridge_launch(device[0])

@@ -45,12 +45,14 @@ OPS = {s.name: s for s in (
     OpSpec("attention", "flash attention, GQA, causal/bool mask, returns LSE", _FLOATS, True, _ATTN_TOL),
     OpSpec("flashmask_attention", "FlashMask column-sparse masked attention", _FLOATS, True, _ATTN_TOL),
     OpSpec("weight_quantize", "symmetric int8/int4 weight packing, per channel or group", _FLOATS, False, _TOL),
-    OpSpec("weight_only_linear", "x @ dequant(W)^T, int8/int4 weights, grad wrt x", _FLOATS, True,
+    OpSpec("weight_only_linear", "x @ dequant(W)^T, int8/int4 weights (+ group offsets), grad wrt x", _FLOATS, True,
            {"float32": (1e-4, 1e-4), "bfloat16": (2e-2, 5e-2), "float16": (4e-3, 4e-3)}),
     OpSpec("w8a8_linear", "int8 weights x dynamic per-token int8 activations", _FLOATS, False,
            {"float32": (1e-5, 1e-4), "bfloat16": (2e-2, 5e-2), "float16": (4e-3, 4e-3)}),
     OpSpec("adamw_step", "fused AdamW over a list of parameters (in place)", ("float32", "bfloat16"), False,
            {"float32": (1e-6, 1e-7), "bfloat16": (1e-2, 1e-2)}),
+    OpSpec("decoder_step", "a Llama-family decode step in one launch, KV cache in place", ("float32",), False,
+           {"float32": (1e-4, 1e-4)}),
 )}
 
 _SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}

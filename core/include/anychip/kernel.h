@@ -66,13 +66,43 @@
  *                    bits 4: qweight uint8[N, K/2], K a multiple of 64; each row is a run of
  *                    32-byte blocks, block b holding k = 64b .. 64b+63: byte i has q(64b+i)+8
  *                    in its low nibble and q(64b+32+i)+8 in its high nibble.
- *   weight_only_linear: x[..., K] float, qweight, scales f32[N, G], bias[N]? (float)
- *                    -> y[..., N] float; attrs: bits, group_size.  y = x W^T + bias with
- *                    W[n, k] = q[n, k] * scales[n, k / group_size]
- *   weight_only_linear_grad: dy[..., N], qweight, scales -> dx[..., K]; attrs: bits, group_size
+ *   weight_only_linear: x[..., K] float, qweight, scales f32[N, G], offsets f32[N, G]?,
+ *                    bias[N]? (float) -> y[..., N] float; attrs: bits, group_size, has_offsets
+ *                    (absent: 0; input 3 is offsets only when it is 1).  y = x W^T + bias with
+ *                    W[n, k] = q[n, k] * scales[n, g] + offsets[n, g], g = k / group_size.
+ *                    Offsets make a group asymmetric (GGUF Q4_1: scale d, offset m + 8 d);
+ *                    weight_quantize never writes them. Group sizes: any divisor of K (the
+ *                    GGUF formats use 32).
+ *   weight_only_linear_grad: dy[..., N], qweight, scales, offsets? -> dx[..., K];
+ *                    attrs: bits, group_size, has_offsets
  *   w8a8_linear:     x[..., K] float, qweight int8[N, K], scales f32[N, 1], bias[N]?
  *                    -> y[..., N] float.  Each row of x is quantized to int8 on the fly with
  *                    its own scale absmax(row) / 127, the products summed in int32.
+ *   decoder_step:    one new token per sequence through L pre-norm decoder layers of the Llama
+ *                    family (RMSNorm, RoPE, grouped-query attention over a KV cache, SwiGLU MLP),
+ *                    then the final norm and the output projection: the decode step of
+ *                    generation in one launch. float32 only.
+ *                    inputs: x f32[B, C] (the embedded tokens), positions int64[B] (the position
+ *                    of each sequence's token, which is also its cache slot); per layer, in
+ *                    order: attn_norm[C], LIN qkv (N = (Hq + 2 Hk) D, K = C: rows of q, then k,
+ *                    then v), qkv_bias[(Hq + 2 Hk) D] (only when has_qkv_bias), LIN o (N = C,
+ *                    K = Hq D), ffn_norm[C], LIN gate_up (N = 2 F, K = C: gate rows, then up
+ *                    rows), LIN down (N = C, K = F); then final_norm[C] and LIN head (N = V,
+ *                    K = C). A LIN is one input, a float32 weight W[N, K] (bits 0), or the
+ *                    2 or 3 inputs qweight, scales, offsets? of weight_only_linear.
+ *                    outputs: logits f32[B, V]; k_cache, v_cache f32[L, B, S, Hk, D], updated in
+ *                    place: for every layer, slot positions[b] of sequence b is written before
+ *                    the attention of that layer reads slots [0, positions[b]] (pos < S).
+ *                    attrs: L, Hq, Hk, D, F, eps, theta, has_qkv_bias, then (bits, group_size,
+ *                    has_offsets) for each LIN kind in the order qkv, o, gate_up, down, head
+ *                    (every layer shares the formats).
+ *                    Math per layer (h the residual stream, starting at x): a = rms_norm(h) *
+ *                    attn_norm (eps); q, k, v = split(a W_qkv^T + qkv_bias); RoPE on q and k as
+ *                    rotary_embedding with theta at positions[b]; cache slot written; o =
+ *                    attention(q, cache[0 .. pos], scale 1/sqrt(D)); h += o W_o^T; m =
+ *                    rms_norm(h) * ffn_norm; g, u = split(m W_gate_up^T); h += (silu(g) * u)
+ *                    W_down^T. logits = (rms_norm(h) * final_norm) W_head^T. Results must not
+ *                    depend on the number of threads.
  *   adamw_step:      grads g_0..g_{n-1} -> params p_0..p_{n-1}, m_0..m_{n-1}, v_0..v_{n-1}
  *                    updated in place (m, v float32; p and g share a float dtype);
  *                    attrs: lr, beta1, beta2, eps, weight_decay, step (1-based).

@@ -1,0 +1,275 @@
+"""The decode step of a Llama-family model in one kernel launch: every layer (RMSNorm, RoPE,
+grouped-query attention over a KV cache, SwiGLU MLP), the final norm and the output projection,
+for one new token per sequence (anychip/kernel.h, decoder_step).
+
+Generating with one op per layer piece pays the per-op overhead hundreds of times per token;
+this op pays it once. The weights are checked and described once, in :class:`DecoderWeights`:
+
+    weights = DecoderWeights([DecoderLayer(attn_norm, Linear(qkv), None, Linear(o), ffn_norm,
+                                           Linear(gate_up), Linear(down)), ...],
+                             final_norm, Linear(head), num_heads=9, num_kv_heads=3)
+    logits = decoder_step(x, positions, weights, k_cache, v_cache)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import checks
+from .attention import reference_attention
+from .dispatch import OpImpl, descriptor, device_label, device_of, empty, launch, paddle, run
+from .quant import dequantize
+from .rotary import _Rotary
+
+OP = "decoder_step"
+
+
+@dataclass(frozen=True, eq=False)
+class Linear:
+    """A weight W [N, K] (out_features, in_features): float32 with ``bits`` 0, else ``weight`` is
+    the qweight of :func:`anychip.ops.weight_quantize` (int8 [N, K] or uint8 [N, K/2]) with its
+    ``scales`` float32 [N, G], and optional per-group ``offsets`` [N, G] (W = q * scale + offset,
+    as GGUF Q4_1); ``group_size`` is the K of one group, -1 for one group per row."""
+
+    weight: object
+    scales: object = None
+    offsets: object = None
+    bits: int = 0
+    group_size: int = -1
+
+
+@dataclass(frozen=True, eq=False)
+class DecoderLayer:
+    """One pre-norm decoder layer. ``qkv`` stacks the q, k and v rows ((Hq + 2 Hk) D of them),
+    ``gate_up`` the gate rows then the up rows (2 F); ``qkv_bias`` may be None."""
+
+    attn_norm: object
+    qkv: Linear
+    qkv_bias: object
+    o: Linear
+    ffn_norm: object
+    gate_up: Linear
+    down: Linear
+
+
+_KINDS = ("qkv", "o", "gate_up", "down", "head")
+
+
+def _fail(message: str):
+    raise checks.OpArgumentError(f"{OP}: {message}")
+
+
+class DecoderWeights:
+    """The weights of a decoder, checked once and kept described for launching: every tensor on
+    one device, float32 norms and biases, and each kind of Linear in one format across layers.
+    ``eps`` is the RMSNorms' epsilon, ``theta`` the RoPE base. The tensors must not be replaced
+    or resized while this object is in use."""
+
+    def __init__(self, layers, final_norm, head: Linear, num_heads: int, num_kv_heads: int, eps: float = 1e-5,
+                 theta: float = 10000.0):
+        layers = list(layers)
+        if not layers:
+            _fail("layers is empty")
+        for i, layer in enumerate(layers):
+            if not isinstance(layer, DecoderLayer):
+                _fail(f"layers[{i}] must be a DecoderLayer, got {type(layer).__name__}")
+        if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads:
+            _fail(f"num_heads ({num_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})")
+        if not eps > 0 or not theta > 0:
+            _fail(f"eps and theta must be > 0, got {eps}, {theta}")
+        self._named = []  # (name, tensor) in launch order, after x and positions
+        self._formats = {}
+        self.num_layers, self.num_heads, self.num_kv_heads = len(layers), num_heads, num_kv_heads
+        self.eps, self.theta = float(eps), float(theta)
+        checks.tensor(OP, "final_norm", final_norm)
+        if len(final_norm.shape) != 1:
+            _fail(f"final_norm must be 1-D [hidden], got shape {list(final_norm.shape)}")
+        self.hidden = final_norm.shape[0]
+        self.has_qkv_bias = layers[0].qkv_bias is not None
+        first = layers[0]
+        for name, lin in (("layers[0].qkv", first.qkv), ("layers[0].gate_up", first.gate_up), ("head", head)):
+            if not isinstance(lin, Linear):
+                _fail(f"{name} must be a Linear, got {type(lin).__name__}")
+            checks.tensor(OP, f"{name}.weight", lin.weight)
+            if len(lin.weight.shape) != 2:
+                _fail(f"{name}.weight must be 2-D, got shape {list(lin.weight.shape)}")
+        heads = num_heads + 2 * num_kv_heads
+        if first.qkv.weight.shape[0] % heads or (first.qkv.weight.shape[0] // heads) % 2:
+            _fail(f"layers[0].qkv has {first.qkv.weight.shape[0]} rows, not (num_heads + 2 num_kv_heads) = {heads} "
+                  "times an even head_dim")
+        self.head_dim = first.qkv.weight.shape[0] // heads
+        if first.gate_up.weight.shape[0] % 2:
+            _fail(f"layers[0].gate_up has {first.gate_up.weight.shape[0]} rows, not 2 * intermediate size")
+        self.intermediate = first.gate_up.weight.shape[0] // 2
+        self.vocab = head.weight.shape[0]
+        c, d, f = self.hidden, self.head_dim, self.intermediate
+        for i, layer in enumerate(layers):
+            p = f"layers[{i}]."
+            self._vector(p + "attn_norm", layer.attn_norm, c)
+            self._linear(p + "qkv", "qkv", layer.qkv, heads * d, c)
+            if (layer.qkv_bias is not None) != self.has_qkv_bias:
+                _fail(f"{p}qkv_bias is {'missing' if self.has_qkv_bias else 'given'} but layers[0].qkv_bias is "
+                      f"{'given' if self.has_qkv_bias else 'missing'}; all layers or none have one")
+            if self.has_qkv_bias:
+                self._vector(p + "qkv_bias", layer.qkv_bias, heads * d)
+            self._linear(p + "o", "o", layer.o, c, num_heads * d)
+            self._vector(p + "ffn_norm", layer.ffn_norm, c)
+            self._linear(p + "gate_up", "gate_up", layer.gate_up, 2 * f, c)
+            self._linear(p + "down", "down", layer.down, c, f)
+        self._vector("final_norm", final_norm, c)
+        self._linear("head", "head", head, self.vocab, c)
+        self.device = device_of(self._named[0][1])
+        for name, t in self._named:
+            if device_of(t) != self.device:
+                _fail(f"{name} is on {device_label(device_of(t))} but {self._named[0][0]} on "
+                      f"{device_label(self.device)}; all weights must be on one device")
+        self.tensors = [t for _, t in self._named]
+        self.descriptors = tuple(descriptor(t, self.device[1]) for t in self.tensors)
+        self.attrs = [float(a) for a in (self.num_layers, num_heads, num_kv_heads, d, f, eps, theta,
+                                         self.has_qkv_bias)]
+        for kind in _KINDS:
+            bits, group_size, offsets = self._formats[kind]
+            self.attrs += [float(bits), float(group_size), float(offsets)]
+        self.layers, self.final_norm, self.head = layers, final_norm, head
+
+    def _vector(self, name, t, size):
+        checks.tensor(OP, name, t)
+        checks.dtype(OP, name, t, ("float32",))
+        checks.shape(OP, name, t, [size])
+        self._add(name, t)
+
+    def _add(self, name, t):
+        if not t.is_contiguous():
+            _fail(f"{name} is not contiguous; pass a dense tensor")
+        self._named.append((name, t))
+
+    def _linear(self, name, kind, lin, n, k):
+        if not isinstance(lin, Linear):
+            _fail(f"{name} must be a Linear, got {type(lin).__name__}")
+        fmt = (lin.bits, lin.group_size if lin.bits else -1, lin.offsets is not None)
+        seen = self._formats.setdefault(kind, fmt)
+        if fmt != seen:
+            _fail(f"{name} has format (bits {fmt[0]}, group_size {fmt[1]}, offsets {fmt[2]}) but the first {kind} "
+                  f"has (bits {seen[0]}, group_size {seen[1]}, offsets {seen[2]}); every layer must share it")
+        if lin.bits == 0:
+            if lin.scales is not None or lin.offsets is not None:
+                _fail(f"{name} is float32 (bits 0) and takes no scales or offsets")
+            checks.tensor(OP, f"{name}.weight", lin.weight)
+            checks.dtype(OP, f"{name}.weight", lin.weight, ("float32",))
+            checks.shape(OP, f"{name}.weight", lin.weight, [n, k], "[N, K]")
+            self._add(f"{name}.weight", lin.weight)
+            return
+        if lin.bits not in (4, 8):
+            _fail(f"{name}.bits must be 0 (float32), 4 or 8, got {lin.bits}")
+        if lin.group_size != -1 and (lin.group_size <= 0 or k % lin.group_size):
+            _fail(f"{name}.group_size must be -1 or divide K={k}, got {lin.group_size}")
+        if lin.bits == 4 and k % 64:
+            _fail(f"{name}: 4-bit weights need K to be a multiple of 64, got K={k}")
+        groups = 1 if lin.group_size == -1 else k // lin.group_size
+        checks.tensor(OP, f"{name}.weight", lin.weight)
+        checks.dtype(OP, f"{name}.weight", lin.weight, ("int8",) if lin.bits == 8 else ("uint8",))
+        checks.shape(OP, f"{name}.weight", lin.weight, [n, k if lin.bits == 8 else k // 2],
+                     f"{lin.bits}-bit weights for N={n}, K={k}")
+        self._add(f"{name}.weight", lin.weight)
+        for part in ("scales", "offsets"):
+            t = getattr(lin, part)
+            if t is None and part == "offsets":
+                continue
+            checks.tensor(OP, f"{name}.{part}", t)
+            checks.dtype(OP, f"{name}.{part}", t, ("float32",))
+            checks.shape(OP, f"{name}.{part}", t, [n, groups], f"group_size={lin.group_size}")
+            self._add(f"{name}.{part}", t)
+
+    def dense(self, lin: Linear, k: int):
+        """W [N, K] float32 of a Linear, with plain Paddle ops."""
+        if lin.bits == 0:
+            return lin.weight
+        return dequantize(lin.weight, lin.scales, bits=lin.bits, group_size=lin.group_size, k=k, offsets=lin.offsets)
+
+
+class _DecoderStep(OpImpl):
+    name = OP
+
+    def __init__(self, weights: DecoderWeights, positions: list[int]):
+        self.weights, self.positions = weights, positions
+
+    def forward(self, kernel, x, positions, k_cache, v_cache):
+        w = self.weights
+        logits = empty([x.shape[0], w.vocab], "float32", w.device)
+        launch(kernel, OP, w.device, [x, positions] + w.tensors, [logits, k_cache, v_cache], w.attrs,
+               described=w.descriptors)
+        return logits, (), [logits]
+
+    def reference(self, x, positions, k_cache, v_cache):
+        pd, w = paddle(), self.weights
+        b, d = x.shape[0], w.head_dim
+        hq, hk = w.num_heads, w.num_kv_heads
+        rope = _Rotary(w.theta, w.device)
+        slots = np.arange(k_cache.shape[2])[None, :] <= np.array(self.positions)[:, None]
+        visible = pd.to_tensor(slots.reshape(b, 1, 1, -1), place=x.place)
+
+        def norm(h, weight):
+            return h * pd.rsqrt((h * h).mean(axis=-1, keepdim=True) + w.eps) * weight
+
+        def linear(a, lin, k):
+            return pd.matmul(a, w.dense(lin, k), transpose_y=True)
+
+        h = x
+        with pd.no_grad():
+            for i, layer in enumerate(w.layers):
+                qkv = linear(norm(h, layer.attn_norm), layer.qkv, w.hidden)
+                if layer.qkv_bias is not None:
+                    qkv = qkv + layer.qkv_bias
+                q, k, v = pd.split(qkv.reshape([b, 1, hq + 2 * hk, d]), [hq, hk, hk], axis=2)
+                q, k = rope.reference(q, k, positions.reshape([b, 1]))
+                for s, pos in enumerate(self.positions):
+                    k_cache[i, s, pos] = k[s, 0]
+                    v_cache[i, s, pos] = v[s, 0]
+                o, _lse = reference_attention(q, k_cache[i], v_cache[i], 1.0 / math.sqrt(d), False, visible)
+                h = h + linear(o.reshape([b, hq * d]), layer.o, hq * d)
+                g, u = pd.split(linear(norm(h, layer.ffn_norm), layer.gate_up, w.hidden), 2, axis=-1)
+                h = h + linear(pd.nn.functional.silu(g) * u, layer.down, w.intermediate)
+            return linear(norm(h, w.final_norm), w.head, w.hidden)
+
+
+def decoder_step(x, positions, weights: DecoderWeights, k_cache, v_cache):
+    """One decode step: ``x`` float32 [B, C] (the new tokens' embeddings) at ``positions`` int64
+    [B] (each sequence's position, also its cache slot) through every layer of ``weights`` ->
+    logits float32 [B, V].
+
+    ``k_cache`` and ``v_cache`` float32 [L, B, S, Hk, D] are updated in place: each layer writes
+    slot ``positions[b]`` (k after RoPE) before attending over slots 0 .. positions[b]. Forward
+    only.
+    """
+    if not isinstance(weights, DecoderWeights):
+        _fail(f"weights must be a DecoderWeights, got {type(weights).__name__}")
+    x = checks.tensor(OP, "x", x)
+    positions = checks.tensor(OP, "positions", positions)
+    k_cache, v_cache = checks.tensor(OP, "k_cache", k_cache), checks.tensor(OP, "v_cache", v_cache)
+    checks.dtype(OP, "x", x, ("float32",))
+    checks.rank(OP, "x", x, 2, "[batch, hidden]")
+    b = x.shape[0]
+    checks.shape(OP, "x", x, [b, weights.hidden], "[batch, hidden]")
+    checks.dtype(OP, "positions", positions, ("int64",))
+    checks.shape(OP, "positions", positions, [b], "[batch]")
+    checks.rank(OP, "k_cache", k_cache, 5, "[layers, batch, slots, kv_heads, head_dim]")
+    s = k_cache.shape[2]
+    cache = [weights.num_layers, b, s, weights.num_kv_heads, weights.head_dim]
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        checks.dtype(OP, name, t, ("float32",))
+        checks.shape(OP, name, t, cache, "[layers, batch, slots, kv_heads, head_dim]")
+        if not t.is_contiguous():
+            _fail(f"{name} is not contiguous; it is updated in place")
+    for name, t in (("x", x), ("positions", positions), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if device_of(t) != weights.device:
+            _fail(f"{name} is on {device_label(device_of(t))} but the weights are on {device_label(weights.device)}")
+    x = checks.contiguous(OP, "x", x, weights.device)
+    pos = positions.numpy().tolist()
+    for i, p in enumerate(pos):
+        if not 0 <= p < s:
+            _fail(f"positions[{i}] = {p} is outside the cache's slots [0, {s})")
+    return run(_DecoderStep(weights, pos), weights.device, "float32", x, positions, k_cache, v_cache,
+               differentiable=False)

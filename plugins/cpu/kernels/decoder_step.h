@@ -1,0 +1,85 @@
+// Private to the decoder_step kernel (decoder_step*.cc): the model as the launch describes it and
+// the per-row pieces the driver strings together. Each piece works on the share of the work it
+// is given and gives every output element the same operations whatever that share is, so that
+// results do not depend on the number of threads.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "common.h"
+#include "quant.h"
+
+namespace anychip::cpu::decoder {
+
+// One linear layer W[N, K]: float32 (bits 0) or weight_quantize's int8 / int4 layout.
+struct Lin {
+  int bits = 0;
+  const float* w = nullptr;  // bits 0
+  quant::QWeight q{};        // bits 4, 8
+  int64_t n = 0, k = 0;
+};
+
+struct Layer {
+  const float* attn_norm;
+  Lin qkv;
+  const float* qkv_bias;  // or null
+  Lin o;
+  const float* ffn_norm;
+  Lin gate_up;
+  Lin down;
+};
+
+struct Model {
+  int64_t layers = 0, hq = 0, hk = 0, d = 0, f = 0, c = 0, v = 0;
+  float eps = 0.0f, theta = 0.0f;
+  std::vector<Layer> layer;
+  const float* final_norm = nullptr;
+  Lin head;
+};
+
+// y[i * ldy + n] = sum_k x[i * K + k] W[n][k] (+ the offsets' share) for i < m, n in [n0, n1).
+void gemv(const Lin& w, const float* x, int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy, Isa isa);
+
+// y[i] = h[i] / sqrt(mean(h^2) + eps) * weight[i], i < c.
+void rms_norm_row(const float* h, const float* weight, int64_t c, float eps, float* y, Isa isa);
+
+// Rotates x[0, 2 half) in place: (a, b) = (x[i], x[i + half]) by the angle whose cos and sin
+// are cs[i] and cs[half + i].
+void rope_row(float* x, const float* cs, int64_t half);
+
+// y[i] = silu(gate[i]) * up[i], i < n.
+void swiglu_row(const float* gate, const float* up, int64_t n, float* y, Isa isa);
+
+// The keys and values a query head attends to: cache slots [0, past) at k + j * stride,
+// v + j * stride, then the new token's own at k_new, v_new (passed apart, so that the heads
+// sharing them need not wait for the cache write).
+struct Keys {
+  const float *k, *v;
+  int64_t stride, past;
+  const float *k_new, *v_new;
+
+  const float* key(int64_t j) const { return j < past ? k + j * stride : k_new; }
+  const float* value(int64_t j) const { return j < past ? v + j * stride : v_new; }
+};
+
+// Attention goes by blocks of consecutive cache slots, the unit of work that threads share out:
+// about kBlocksPerSequence of them per sequence, of a multiple of 16 slots up to kMaxBlockKeys.
+constexpr int64_t kBlocksPerSequence = 8;
+constexpr int64_t kMaxBlockKeys = 256;
+
+// Slots per attention block of a sequence attending to `keys` slots.
+inline int64_t block_keys(int64_t keys) {
+  return std::min(kMaxBlockKeys, quant::round_up((keys + kBlocksPerSequence - 1) / kBlocksPerSequence, 16));
+}
+
+// One query against keys [j0, j1): with s_j = scale q . k_j, part[0, d) = sum_j e^(s_j - m) v_j,
+// part[d] = m = max_j s_j, part[d + 1] = sum_j e^(s_j - m). scores holds j1 - j0 floats.
+void attend_block(const Keys& kv, int64_t j0, int64_t j1, const float* q, int64_t d, float scale, float* scores,
+                  float* part, Isa isa);
+
+// o = softmax(scale q K^T) V from the parts of `count` consecutive blocks (d + 2 floats each).
+void combine(const float* parts, int64_t count, int64_t d, float* o);
+
+}  // namespace anychip::cpu::decoder

@@ -1,0 +1,146 @@
+// Single-query attention over a KV cache, in blocks of keys (flash-decoding): each block yields
+// its softmax statistics and unnormalised output, and combine() merges the blocks in order, so
+// that a long cache spreads over all threads and the result does not depend on who did which
+// block. Within a block, two passes over the keys: the scores, then the weighted sum of V, 64
+// columns of the head at a time.
+#include <algorithm>
+#include <cmath>
+
+#include "decoder_step.h"
+#include "elementwise_avx512.h"
+
+namespace anychip::cpu::decoder {
+namespace {
+
+void block_scalar(const Keys& kv, int64_t j0, int64_t j1, const float* q, int64_t d, float scale, float* scores,
+                  float* part) {
+  const int64_t len = j1 - j0;
+  float m = -INFINITY;
+  for (int64_t j = 0; j < len; ++j) {
+    const float* kj = kv.key(j0 + j);
+    float s = 0.0f;
+    for (int64_t t = 0; t < d; ++t) s += q[t] * kj[t];
+    scores[j] = s * scale;
+    m = std::max(m, scores[j]);
+  }
+  float sum = 0.0f;
+  for (int64_t j = 0; j < len; ++j) {
+    scores[j] = std::exp(scores[j] - m);
+    sum += scores[j];
+  }
+  for (int64_t t = 0; t < d; ++t) part[t] = 0.0f;
+  for (int64_t j = 0; j < len; ++j) {
+    const float* vj = kv.value(j0 + j);
+    for (int64_t t = 0; t < d; ++t) part[t] += scores[j] * vj[t];
+  }
+  part[d] = m;
+  part[d + 1] = sum;
+}
+
+// Lane i of the result is the sum of the 16 lanes of a[i]: interleaving pairs of vectors and
+// adding halves the vectors while doubling the sums each holds.
+ANYCHIP_AVX512 inline __m512 sum16(const __m512 (&a)[16]) {
+  __m512 b[8], c[4];
+  for (int i = 0; i < 8; ++i)
+    b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {
+    const __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
+    c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  // c[i], 128-bit lane L: the lane-L sums of a[4i .. 4i + 3]
+  const __m512 d0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xdd));
+  const __m512 d1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xdd));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, 0x88), _mm512_shuffle_f32x4(d0, d1, 0xdd));
+}
+
+// scores[j, j + 16) = scale q . k_j for the keys j0 + j, j + 1, ... below j1: sixteen dot
+// products side by side, summed across lanes together.
+ANYCHIP_AVX512 inline void scores16(const Keys& kv, int64_t j, int64_t j1, const float* q, int64_t d, float scale,
+                                    float* scores) {
+  const int64_t count = std::min<int64_t>(16, j1 - j);
+  const float* key[16];
+  for (int i = 0; i < 16; ++i) key[i] = kv.key(j + std::min<int64_t>(i, count - 1));
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t t = 0; t < d; t += 16) {
+    const __mmask16 m = avx512::lanes(d - t);
+    const __m512 qv = _mm512_maskz_loadu_ps(m, q + t);
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, key[i] + t), acc[i]);
+  }
+  _mm512_mask_storeu_ps(scores, avx512::lanes(count), _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale)));
+}
+
+ANYCHIP_AVX512 void block_avx512(const Keys& kv, int64_t j0, int64_t j1, const float* q, int64_t d, float scale,
+                                 float* scores, float* part) {
+  using avx512::lanes;
+  const int64_t len = j1 - j0;
+  for (int64_t j = 0; j < len; j += 16) scores16(kv, j0 + j, j1, q, d, scale, scores + j);
+  __m512 mv = _mm512_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < len; j += 16)
+    mv = _mm512_mask_max_ps(mv, lanes(len - j), mv, _mm512_maskz_loadu_ps(lanes(len - j), scores + j));
+  const float top = _mm512_reduce_max_ps(mv);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < len; j += 16) {
+    const __mmask16 m = lanes(len - j);
+    const __m512 s = _mm512_maskz_loadu_ps(m, scores + j);
+    const __m512 p = _mm512_maskz_mov_ps(m, avx512::exp16(_mm512_sub_ps(s, _mm512_set1_ps(top))));
+    _mm512_mask_storeu_ps(scores + j, m, p);
+    sum = _mm512_add_ps(sum, p);
+  }
+  // Four keys at a time into their own accumulators, so that the FMAs do not wait on each other.
+  for (int64_t t0 = 0; t0 < d; t0 += 64) {
+    __mmask16 m[4];
+    __m512 acc[4][4];
+    for (int c = 0; c < 4; ++c) {
+      m[c] = lanes(d - t0 - 16 * c);
+      for (int r = 0; r < 4; ++r) acc[r][c] = _mm512_setzero_ps();
+    }
+    int64_t j = 0;
+    for (; j + 4 <= len; j += 4)
+      for (int r = 0; r < 4; ++r) {
+        const __m512 p = _mm512_set1_ps(scores[j + r]);
+        const float* vj = kv.value(j0 + j + r) + t0;
+        for (int c = 0; c < 4; ++c)
+          acc[r][c] = _mm512_fmadd_ps(p, _mm512_maskz_loadu_ps(m[c], vj + 16 * c), acc[r][c]);
+      }
+    for (; j < len; ++j) {
+      const __m512 p = _mm512_set1_ps(scores[j]);
+      const float* vj = kv.value(j0 + j) + t0;
+      for (int c = 0; c < 4; ++c) acc[0][c] = _mm512_fmadd_ps(p, _mm512_maskz_loadu_ps(m[c], vj + 16 * c), acc[0][c]);
+    }
+    for (int c = 0; c < 4; ++c) {
+      const __m512 total = _mm512_add_ps(_mm512_add_ps(acc[0][c], acc[1][c]), _mm512_add_ps(acc[2][c], acc[3][c]));
+      _mm512_mask_storeu_ps(part + t0 + 16 * c, m[c], total);
+    }
+  }
+  part[d] = top;
+  part[d + 1] = _mm512_reduce_add_ps(sum);
+}
+
+}  // namespace
+
+void attend_block(const Keys& kv, int64_t j0, int64_t j1, const float* q, int64_t d, float scale, float* scores,
+                  float* part, Isa isa) {
+  if (isa == Isa::kScalar) {
+    block_scalar(kv, j0, j1, q, d, scale, scores, part);
+  } else {
+    block_avx512(kv, j0, j1, q, d, scale, scores, part);
+  }
+}
+
+void combine(const float* parts, int64_t count, int64_t d, float* o) {
+  float top = -INFINITY;
+  for (int64_t c = 0; c < count; ++c) top = std::max(top, parts[c * (d + 2) + d]);
+  float sum = 0.0f;
+  for (int64_t t = 0; t < d; ++t) o[t] = 0.0f;
+  for (int64_t c = 0; c < count; ++c) {
+    const float* part = parts + c * (d + 2);
+    const float w = std::exp(part[d] - top);
+    sum += w * part[d + 1];
+    for (int64_t t = 0; t < d; ++t) o[t] += w * part[t];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t t = 0; t < d; ++t) o[t] *= inv;
+}
+
+}  // namespace anychip::cpu::decoder

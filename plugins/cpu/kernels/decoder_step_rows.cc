@@ -1,0 +1,57 @@
+// The decode step's row operations: RMSNorm, RoPE and SwiGLU on one token's vectors.
+#include <cmath>
+
+#include "decoder_step.h"
+#include "elementwise_avx512.h"
+
+namespace anychip::cpu::decoder {
+namespace {
+
+ANYCHIP_AVX512 void rms_norm_avx512(const float* h, const float* weight, int64_t c, float eps, float* y) {
+  __m512 ss = _mm512_setzero_ps();
+  for (int64_t i = 0; i < c; i += 16) {
+    const __m512 v = _mm512_maskz_loadu_ps(avx512::lanes(c - i), h + i);
+    ss = _mm512_fmadd_ps(v, v, ss);
+  }
+  const __m512 inv = _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(ss) / static_cast<float>(c) + eps));
+  for (int64_t i = 0; i < c; i += 16) {
+    const __mmask16 m = avx512::lanes(c - i);
+    const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, h + i), inv);
+    _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, weight + i)));
+  }
+}
+
+ANYCHIP_AVX512 void swiglu_avx512(const float* gate, const float* up, int64_t n, float* y) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = avx512::lanes(n - i);
+    const __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
+    const __m512 s = _mm512_div_ps(one, _mm512_add_ps(one, avx512::exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+    _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(_mm512_mul_ps(g, s), _mm512_maskz_loadu_ps(m, up + i)));
+  }
+}
+
+}  // namespace
+
+void rms_norm_row(const float* h, const float* weight, int64_t c, float eps, float* y, Isa isa) {
+  if (isa != Isa::kScalar) return rms_norm_avx512(h, weight, c, eps, y);
+  float ss = 0.0f;
+  for (int64_t i = 0; i < c; ++i) ss += h[i] * h[i];
+  const float inv = 1.0f / std::sqrt(ss / static_cast<float>(c) + eps);
+  for (int64_t i = 0; i < c; ++i) y[i] = h[i] * inv * weight[i];
+}
+
+void rope_row(float* x, const float* cs, int64_t half) {
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = x[i], b = x[i + half], c = cs[i], s = cs[half + i];
+    x[i] = a * c - b * s;
+    x[i + half] = b * c + a * s;
+  }
+}
+
+void swiglu_row(const float* gate, const float* up, int64_t n, float* y, Isa isa) {
+  if (isa != Isa::kScalar) return swiglu_avx512(gate, up, n, y);
+  for (int64_t i = 0; i < n; ++i) y[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+}  // namespace anychip::cpu::decoder

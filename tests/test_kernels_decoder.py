@@ -1,0 +1,430 @@
+"""The decoder_step kernel and op against a float64 numpy decoder written here.
+
+A tiny random model (two layers, grouped-query heads) steps three sequences at different
+positions over caches pre-filled with random history. Weights are float32 or quantized with
+random codes, scales and offsets, whose exact float64 values the oracle uses, so only the
+kernel's float32 arithmetic is measured. The caches must change in exactly the written slots.
+The ISA paths and thread counts run in subprocesses.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from anychip.kernels import NativeKernel
+from anychip_plugins.cpu.host_kernels import LIBRARY
+
+CFG = dict(L=2, C=128, Hq=4, Hk=2, D=32, F=192, V=100, S=16, eps=1e-5, theta=10000.0)
+POSITIONS = (3, 0, 15)
+KINDS = ("qkv", "o", "gate_up", "down", "head")
+# (bits, group_size, offsets) of every LIN
+FORMATS = {
+    "f32": (0, -1, False),
+    "int8-g32": (8, 32, False),
+    "int8-channel": (8, -1, False),
+    "int4-g32-offsets": (4, 32, True),
+    "int4-g64": (4, 64, False),
+}
+
+
+def kernel() -> NativeKernel:
+    return NativeKernel(str(LIBRARY), "anychip_cpu_decoder_step")
+
+
+# ---- a random model ----------------------------------------------------------------------------
+
+def pack4(q: np.ndarray) -> np.ndarray:
+    """kernel.h's 4-bit layout: per 64 k a 32-byte block, byte i = (q[i] + 8) | (q[32 + i] + 8) << 4."""
+    n, k = q.shape
+    u = (q + 8).astype(np.uint8).reshape(n, k // 64, 2, 32)
+    return (u[:, :, 0, :] | (u[:, :, 1, :] << 4)).reshape(n, k // 2)
+
+
+def make_lin(rng, n: int, k: int, fmt) -> dict:
+    """A LIN W[n, k]: its kernel inputs ('arrays') and exact values ('w', float64)."""
+    bits, group_size, offsets = fmt
+    if bits == 0:
+        w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+        return dict(arrays=[w], w=w.astype(np.float64), fmt=fmt)
+    qmax = 127 if bits == 8 else 8
+    q = rng.integers(-qmax, qmax if bits == 4 else qmax + 1, (n, k))
+    groups = 1 if group_size == -1 else k // group_size
+    scales = (rng.uniform(0.5, 1.5, (n, groups)) / (qmax * np.sqrt(k / 3))).astype(np.float32)
+    w = q * np.repeat(scales.astype(np.float64), k // groups, axis=1)
+    arrays = [q.astype(np.int8) if bits == 8 else pack4(q), scales]
+    if offsets:
+        off = (rng.standard_normal((n, groups)) * 0.3 / np.sqrt(k)).astype(np.float32)
+        w = w + np.repeat(off.astype(np.float64), k // groups, axis=1)
+        arrays.append(off)
+    return dict(arrays=arrays, w=w, fmt=fmt)
+
+
+def make_model(seed: int, formats: dict, bias: bool, cfg=CFG) -> dict:
+    rng = np.random.default_rng(seed)
+    c, d, f = cfg["C"], cfg["D"], cfg["F"]
+    nqkv = (cfg["Hq"] + 2 * cfg["Hk"]) * d
+
+    def norm():
+        return rng.uniform(0.5, 1.5, c).astype(np.float32)
+
+    layers = [dict(attn_norm=norm(), qkv=make_lin(rng, nqkv, c, formats["qkv"]),
+                   qkv_bias=(rng.standard_normal(nqkv) * 0.5).astype(np.float32) if bias else None,
+                   o=make_lin(rng, c, cfg["Hq"] * d, formats["o"]), ffn_norm=norm(),
+                   gate_up=make_lin(rng, 2 * f, c, formats["gate_up"]), down=make_lin(rng, c, f, formats["down"]))
+              for _ in range(cfg["L"])]
+    return dict(cfg=cfg, layers=layers, final_norm=norm(), head=make_lin(rng, cfg["V"], c, formats["head"]),
+                formats=formats, bias=bias)
+
+
+def kernel_inputs(model) -> tuple[list, list]:
+    """The weights in kernel.h's input order, and the attrs."""
+    cfg, arrays = model["cfg"], []
+    for layer in model["layers"]:
+        arrays.append(layer["attn_norm"])
+        arrays += layer["qkv"]["arrays"]
+        if layer["qkv_bias"] is not None:
+            arrays.append(layer["qkv_bias"])
+        arrays += layer["o"]["arrays"] + [layer["ffn_norm"]] + layer["gate_up"]["arrays"] + layer["down"]["arrays"]
+    arrays += [model["final_norm"]] + model["head"]["arrays"]
+    attrs = [cfg["L"], cfg["Hq"], cfg["Hk"], cfg["D"], cfg["F"], cfg["eps"], cfg["theta"], float(model["bias"])]
+    for kind in KINDS:
+        attrs += [float(v) for v in model["formats"][kind]]
+    return arrays, attrs
+
+
+def make_state(seed: int, positions=POSITIONS, cfg=CFG):
+    """x [B, C] and caches [L, B, S, Hk, D] holding random history."""
+    rng = np.random.default_rng(seed + 1)
+    b = len(positions)
+    x = rng.standard_normal((b, cfg["C"])).astype(np.float32)
+    shape = (cfg["L"], b, cfg["S"], cfg["Hk"], cfg["D"])
+    return (x, np.array(positions, np.int64), rng.standard_normal(shape).astype(np.float32),
+            rng.standard_normal(shape).astype(np.float32))
+
+
+# ---- the oracle --------------------------------------------------------------------------------
+
+def rms_norm(h, w, eps):
+    return h / np.sqrt((h * h).mean(axis=-1, keepdims=True) + eps) * w
+
+
+def rope(x, positions, theta):
+    """x [B, H, D] rotated by each sequence's position (half-rotation layout)."""
+    half = x.shape[-1] // 2
+    angle = positions[:, None].astype(np.float64) * theta ** (-np.arange(half) * 2.0 / x.shape[-1])
+    cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
+    a, b = x[..., :half], x[..., half:]
+    return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+
+
+def oracle(model, x, positions, k_cache, v_cache):
+    """(logits, k_cache, v_cache) in float64, caches updated."""
+    cfg = model["cfg"]
+    hq, hk, d, f, eps = cfg["Hq"], cfg["Hk"], cfg["D"], cfg["F"], cfg["eps"]
+    kc, vc = k_cache.astype(np.float64), v_cache.astype(np.float64)
+    h = x.astype(np.float64)
+    b = len(h)
+    for i, layer in enumerate(model["layers"]):
+        qkv = rms_norm(h, layer["attn_norm"], eps) @ layer["qkv"]["w"].T
+        if layer["qkv_bias"] is not None:
+            qkv = qkv + layer["qkv_bias"]
+        q = rope(qkv[:, :hq * d].reshape(b, hq, d), positions, cfg["theta"])
+        k = rope(qkv[:, hq * d:(hq + hk) * d].reshape(b, hk, d), positions, cfg["theta"])
+        v = qkv[:, (hq + hk) * d:].reshape(b, hk, d)
+        o = np.zeros((b, hq, d))
+        for s, pos in enumerate(positions):
+            kc[i, s, pos], vc[i, s, pos] = k[s], v[s]
+            for head in range(hq):
+                keys, values = kc[i, s, :pos + 1, head // (hq // hk)], vc[i, s, :pos + 1, head // (hq // hk)]
+                scores = keys @ q[s, head] / np.sqrt(d)
+                p = np.exp(scores - scores.max())
+                o[s, head] = p @ values / p.sum()
+        h = h + o.reshape(b, hq * d) @ layer["o"]["w"].T
+        gu = rms_norm(h, layer["ffn_norm"], eps) @ layer["gate_up"]["w"].T
+        g, u = gu[:, :f], gu[:, f:]
+        h = h + (g / (1 + np.exp(-g)) * u) @ layer["down"]["w"].T
+    return rms_norm(h, model["final_norm"], eps) @ model["head"]["w"].T, kc, vc
+
+
+# ---- running the kernel ------------------------------------------------------------------------
+
+def step(model, state, num_threads: int = 0):
+    """The kernel's (logits, k_cache, v_cache) for copies of `state`."""
+    x, positions, k_cache, v_cache = (a.copy() for a in state)
+    weights, attrs = kernel_inputs(model)
+    logits = np.full((len(x), model["cfg"]["V"]), np.nan, np.float32)
+    kernel().run_host([x, positions] + weights, [logits, k_cache, v_cache], attrs, num_threads=num_threads)
+    return logits, k_cache, v_cache
+
+
+def check_step(model, state, got) -> None:
+    logits, k_cache, v_cache = got
+    want, kc, vc = oracle(model, *state)
+    scale = np.abs(want).max()
+    np.testing.assert_allclose(logits, want, rtol=1e-4, atol=1e-4 * scale)
+    written = np.zeros(k_cache.shape[:3], bool)
+    written[:, np.arange(len(state[1])), state[1]] = True
+    for got_cache, want_cache, before in ((k_cache, kc, state[2]), (v_cache, vc, state[3])):
+        np.testing.assert_array_equal(got_cache[~written], before[~written])
+        np.testing.assert_allclose(got_cache[written], want_cache[written], rtol=1e-4, atol=1e-4)
+
+
+def isa_cases() -> None:
+    """Every format, with and without bias, against the oracle (for one ISA)."""
+    for i, (name, fmt) in enumerate(FORMATS.items()):
+        for bias in (False, True):
+            model = make_model(i, dict.fromkeys(KINDS, fmt), bias)
+            state = make_state(i)
+            check_step(model, state, step(model, state))
+
+
+# ---- tests: the kernel -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(FORMATS))
+@pytest.mark.parametrize("bias", [False, True])
+def test_matches_oracle(name, bias):
+    model = make_model(7, dict.fromkeys(KINDS, FORMATS[name]), bias)
+    state = make_state(7)
+    check_step(model, state, step(model, state))
+
+
+def test_formats_differ_by_kind():
+    formats = dict(qkv=FORMATS["int8-g32"], o=FORMATS["f32"], gate_up=FORMATS["int4-g32-offsets"],
+                   down=(8, 64, True), head=FORMATS["int4-g64"])
+    model = make_model(3, formats, True)
+    state = make_state(3, positions=(15, 1, 7, 0))
+    check_step(model, state, step(model, state))
+
+
+def test_batch_larger_than_a_gemv_tile():
+    positions = tuple(range(1, 16)) + (0, 5)  # B = 17: quantized products take 8 rows at a time
+    for name in ("f32", "int4-g32-offsets"):
+        model = make_model(4, dict.fromkeys(KINDS, FORMATS[name]), False)
+        state = make_state(4, positions)
+        check_step(model, state, step(model, state))
+
+
+@pytest.mark.parametrize("isa", ["scalar", "avx512"])
+def test_long_caches_span_key_blocks(isa):
+    """Attention goes by blocks of cache slots (about eight per sequence, at most 256 slots
+    each), merged afterwards: positions at and around block edges, and a cache of many blocks."""
+    code = (f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_kernels_decoder as t; "
+            "t.long_cache_case()")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, ANYCHIP_CPU_ISA=isa))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def long_cache_case() -> None:
+    cfg = dict(CFG, S=2200)
+    model = make_model(8, dict.fromkeys(KINDS, FORMATS["int8-g32"]), False, cfg)
+    state = make_state(8, positions=(127, 128, 2199, 255, 300), cfg=cfg)
+    check_step(model, state, step(model, state))
+
+
+def test_consecutive_steps_see_earlier_slots():
+    """Two steps of one sequence: the second attends over the slot the first wrote."""
+    model = make_model(5, dict.fromkeys(KINDS, FORMATS["int4-g32-offsets"]), False)
+    x, _, k_cache, v_cache = make_state(5, positions=(0,))
+    _, k1, v1 = step(model, (x, np.array([0]), k_cache, v_cache))
+    state = (x[::-1].copy(), np.array([1]), k1, v1)
+    check_step(model, state, step(model, state))
+
+
+@pytest.mark.parametrize("slots,positions", [(16, (9, 2)), (600, (599, 130, 7))])
+def test_thread_counts_agree_bit_for_bit_in_process(slots, positions):
+    cfg = dict(CFG, S=slots)
+    model = make_model(6, dict.fromkeys(KINDS, FORMATS["int4-g32-offsets"]), True, cfg)
+    state = make_state(6, positions, cfg)
+    results = [step(model, state, n) for n in (1, 2, 3, 5)]
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_rejects_what_it_cannot_do():
+    model = make_model(0, dict.fromkeys(KINDS, FORMATS["int4-g64"]), False)
+    x, positions, k_cache, v_cache = make_state(0)
+    weights, attrs = kernel_inputs(model)
+    logits = np.zeros((len(x), CFG["V"]), np.float32)
+
+    def run(inputs=None, outputs=None, attrs=attrs):
+        kernel().run_host(inputs or [x, positions] + weights, outputs or [logits, k_cache, v_cache], attrs)
+
+    with pytest.raises(RuntimeError, match=r"positions\[2\] = 16 is outside the cache's \[0, 16\)"):
+        run(inputs=[x, np.array([0, 1, 16])] + weights)
+    with pytest.raises(RuntimeError, match=r"layers\[1\]\.o\.scales must be float32 \[128, 2\]"):
+        scales = model["layers"][1]["o"]["arrays"][1]
+        run(inputs=[x, positions] + [np.zeros((128, 3), np.float32) if a is scales else a for a in weights])
+    with pytest.raises(RuntimeError, match="k_cache must be contiguous float32"):
+        run(outputs=[logits, k_cache[:, :, :, :1].copy(), v_cache])
+    with pytest.raises(RuntimeError, match="inputs given"):
+        run(inputs=[x, positions] + weights + [x])
+    with pytest.raises(RuntimeError, match="head has bits 3"):
+        run(attrs=attrs[:-3] + [3, -1, 0])
+    with pytest.raises(RuntimeError, match="layers\\[0\\].qkv: K = 128 does not take 4-bit weights in groups of 48"):
+        run(attrs=attrs[:8] + [4, 48, 0] + attrs[11:])
+    with pytest.raises(RuntimeError, match="positions is not contiguous"):
+        run(inputs=[x, np.arange(6, dtype=np.int64)[::2]] + weights)
+    assert not np.isnan(k_cache).any()
+
+
+@pytest.mark.parametrize("isa", ["scalar", "avx512"])
+def test_isa_path(isa):
+    code = f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_kernels_decoder as t; t.isa_cases()"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, ANYCHIP_CPU_ISA=isa))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ---- tests: the op -----------------------------------------------------------------------------
+
+def op_weights(model, device):
+    import anychip.ops as ops
+    from ops_helpers import tensor
+
+    def lin(spec):
+        bits, group_size, offsets = spec["fmt"]
+        parts = [tensor(a, device) for a in spec["arrays"]]
+        return ops.Linear(parts[0], parts[1] if bits else None, parts[2] if offsets else None, bits, group_size)
+
+    def vec(a):
+        return None if a is None else tensor(a, device)
+
+    cfg = model["cfg"]
+    layers = [ops.DecoderLayer(vec(y["attn_norm"]), lin(y["qkv"]), vec(y["qkv_bias"]), lin(y["o"]), vec(y["ffn_norm"]),
+                               lin(y["gate_up"]), lin(y["down"])) for y in model["layers"]]
+    return ops.DecoderWeights(layers, vec(model["final_norm"]), lin(model["head"]), cfg["Hq"], cfg["Hk"], cfg["eps"],
+                              cfg["theta"])
+
+
+def op_step(model, state, device, reference=False):
+    """(logits, k_cache, v_cache) of the op (or its reference) on `device`, as float64 numpy."""
+    import anychip.ops as ops
+    from anychip.ops.decoder import _DecoderStep
+    from ops_helpers import host, tensor
+
+    weights = op_weights(model, device)
+    x, positions, k_cache, v_cache = (tensor(a, device) for a in state)
+    if reference:
+        logits = _DecoderStep(weights, state[1].tolist()).reference(x, positions, k_cache, v_cache)
+    else:
+        logits = ops.decoder_step(x, positions, weights, k_cache, v_cache)
+    assert logits.stop_gradient
+    return host(logits), host(k_cache), host(v_cache)
+
+
+def decoder_fallbacks():
+    import anychip
+
+    return {k: v for k, v in anychip.fallback_counts().items() if k[1] == "anychip.decoder_step"}
+
+
+@pytest.mark.parametrize("device", ["cpu", "npu"])
+@pytest.mark.parametrize("name", ["f32", "int4-g32-offsets", "int8-channel"])
+def test_op_equals_its_reference(device, name):
+    import anychip
+
+    anychip.reset_fallbacks()
+    model = make_model(11, dict.fromkeys(KINDS, FORMATS[name]), name != "f32")
+    state = make_state(11)
+    got = op_step(model, state, device)
+    assert not decoder_fallbacks()
+    want = op_step(model, state, "cpu", reference=True)
+    check_step(model, state, got)
+    check_step(model, state, want)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4 * np.abs(want[0]).max())
+
+
+def test_op_without_a_kernel_runs_its_reference_counted(monkeypatch):
+    import anychip
+    from anychip.plugins import registry
+
+    kernels = registry().kernels
+    monkeypatch.setattr(kernels, "_kernels", dict(kernels._kernels))
+    kernels._kernels.pop(("decoder_step", "cpu", "float32"))
+    anychip.reset_fallbacks()
+    model = make_model(12, dict.fromkeys(KINDS, FORMATS["int4-g64"]), True)
+    state = make_state(12)
+    check_step(model, state, op_step(model, state, "cpu"))
+    assert decoder_fallbacks() == {("cpu", "anychip.decoder_step", "float32"): 1}
+
+
+def test_op_thread_counts_agree_bit_for_bit():
+    """ANYCHIP_NUM_THREADS=1 and 2 give the same logits, on the host and on a simulated chip."""
+    code = f"""
+import sys, numpy as np
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+import test_kernels_decoder as t
+from ops_helpers import paddle
+paddle()
+for device in ("cpu", "npu"):
+    for i, name in enumerate(("int4-g32-offsets", "f32")):
+        model = t.make_model(i, dict.fromkeys(t.KINDS, t.FORMATS[name]), True)
+        print(t.op_step(model, t.make_state(i), device)[0].tobytes().hex())
+"""
+    outputs = []
+    for threads in ("1", "2"):
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                                env=dict(os.environ, ANYCHIP_NUM_THREADS=threads, ANYCHIP_SIM_CHECK="0"))
+        assert result.returncode == 0, result.stderr[-3000:]
+        outputs.append(result.stdout.split())
+    assert len(outputs[0]) == 4 and outputs[0] == outputs[1]
+
+
+def test_op_rejects_bad_input_naming_it():
+    import dataclasses
+
+    import anychip.ops as ops
+    from anychip.ops import OpArgumentError
+    from ops_helpers import tensor
+
+    model = make_model(13, dict.fromkeys(KINDS, FORMATS["int4-g32-offsets"]), True)
+    weights = op_weights(model, "cpu")
+    x, positions, k_cache, v_cache = (tensor(a, "cpu") for a in make_state(13))
+    layers, cfg = weights.layers, model["cfg"]
+
+    def rebuilt(**changes):
+        args = dict(layers=layers, final_norm=weights.final_norm, head=weights.head, num_heads=cfg["Hq"],
+                    num_kv_heads=cfg["Hk"])
+        args.update(changes)
+        return ops.DecoderWeights(**args)
+
+    def with_layer(i, **changes):
+        return [dataclasses.replace(y, **changes) if j == i else y for j, y in enumerate(layers)]
+
+    o = layers[1].o
+    cases = [
+        (lambda: ops.decoder_step(x, positions, weights, k_cache[:, :, :, :1].contiguous(), v_cache),
+         "k_cache must have shape"),
+        (lambda: ops.decoder_step(x, positions, weights, k_cache, v_cache[:1].contiguous()), "v_cache must have shape"),
+        (lambda: ops.decoder_step(x, tensor(np.array([0, 16, 2]), "cpu"), weights, k_cache, v_cache),
+         "positions[1] = 16 is outside the cache's slots [0, 16)"),
+        (lambda: ops.decoder_step(x, tensor(np.array([0, 1, 2], np.int32), "cpu"), weights, k_cache, v_cache),
+         "positions has dtype int32"),
+        (lambda: ops.decoder_step(x[:, :64].contiguous(), positions, weights, k_cache, v_cache), "x must have shape [3, 128]"),
+        (lambda: ops.decoder_step(tensor(make_state(13)[0], "npu"), positions, weights, k_cache, v_cache),
+         "x is on npu:0 but the weights are on cpu:0"),
+        (lambda: ops.decoder_step(*(tensor(a, "npu") for a in make_state(13)[:2]), weights,
+                                  *(tensor(a, "npu") for a in make_state(13)[2:])),
+         "x is on npu:0 but the weights are on cpu:0"),
+        (lambda: rebuilt(layers=with_layer(1, o=dataclasses.replace(o, scales=tensor(np.ones((128, 2), np.float32), "cpu")))),
+         "layers[1].o.scales must have shape [128, 4]"),
+        (lambda: rebuilt(layers=with_layer(1, o=dataclasses.replace(o, offsets=None))),
+         "layers[1].o has format (bits 4, group_size 32, offsets False) but the first o has (bits 4, group_size 32, "
+         "offsets True)"),
+        (lambda: rebuilt(layers=with_layer(1, qkv_bias=None)), "layers[1].qkv_bias is missing"),
+        (lambda: rebuilt(layers=with_layer(0, ffn_norm=tensor(np.ones(128, np.float32), "npu"))),
+         "layers[0].ffn_norm is on npu:0 but layers[0].attn_norm on cpu:0"),
+        (lambda: rebuilt(num_kv_heads=3), "num_heads (4) must be a positive multiple of num_kv_heads (3)"),
+        (lambda: rebuilt(head=dataclasses.replace(weights.head, bits=3)), "head.bits must be 0 (float32), 4 or 8"),
+    ]
+    for call, message in cases:
+        with pytest.raises(OpArgumentError) as info:
+            call()
+        assert message in str(info.value)
