@@ -6,6 +6,8 @@ import tempfile
 # Before anything opens a device: guard simulated memory, and keep caches out of $HOME.
 os.environ["ANYCHIP_SIM_CHECK"] = "1"
 os.environ.setdefault("ANYCHIP_CACHE_DIR", tempfile.mkdtemp(prefix="anychip-test-cache-"))
+# ...except the models: pulled once (verified, written atomically) and shared with the user's cache.
+os.environ.setdefault("ANYCHIP_MODELS_DIR", os.path.join(os.path.expanduser("~"), ".cache", "anychip", "models"))
 
 import pytest  # noqa: E402
 

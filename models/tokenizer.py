@@ -1,0 +1,250 @@
+"""The tokenizer of a checkpoint, on the ``tokenizers`` library: from a Hugging Face tokenizer.json or
+rebuilt from GGUF metadata the way llama.cpp reads it (byte-level BPE: tokens, merges, token types
+and the named pre-tokenizer), with the checkpoint's chat template rendered as transformers does.
+
+    tok.encode("Hi", add_bos=False) -> [ids]      tok.decode(ids) -> str
+    tok.apply_chat_template([{"role": "user", "content": "Hi"}]) -> prompt text
+    stream = tok.stream_decoder(); text = "".join(stream.feed(i) for i in generated_ids)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from functools import cached_property
+from pathlib import Path
+
+import jinja2
+import tokenizers
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+
+from .checkpoint import CheckpointError
+
+# tokenizer.ggml.token_type values (llama.cpp's llama_token_type)
+CONTROL, USER_DEFINED = 3, 4
+
+# The pieces GPT-2's byte-level BPE splits text into before merging, and the variants other
+# vocabularies were trained with (their tokenizer.json's Split regexes; llama.cpp's
+# llama-vocab.cpp lists the same per tokenizer.ggml.pre).
+GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+@dataclass(frozen=True)
+class PreTokenizer:
+    splits: tuple[str, ...]      # applied in order, each matched piece isolated
+    ignore_merges: bool = False  # a word that is itself a token skips the merges (Llama 3)
+
+
+_GPT2 = PreTokenizer((GPT2_SPLIT,))
+_DIGITS_GPT2 = PreTokenizer((r"\p{N}", GPT2_SPLIT))  # every digit its own piece, then GPT-2's split
+_LLAMA3 = PreTokenizer((LLAMA3_SPLIT,), ignore_merges=True)
+_QWEN2 = PreTokenizer((QWEN2_SPLIT,))
+PRE_TOKENIZERS = {
+    "gpt-2": _GPT2, "phi-2": _GPT2, "mpt": _GPT2, "olmo": _GPT2,
+    "smollm": _DIGITS_GPT2, "starcoder": _DIGITS_GPT2, "refact": _DIGITS_GPT2, "codeshell": _DIGITS_GPT2,
+    "command-r": _DIGITS_GPT2,
+    "llama3": _LLAMA3, "llama-v3": _LLAMA3, "llama-bpe": _LLAMA3, "falcon3": _LLAMA3,
+    "dbrx": PreTokenizer((LLAMA3_SPLIT,)), "smaug-bpe": PreTokenizer((LLAMA3_SPLIT,)),
+    "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2, "stablelm2": _QWEN2, "megrez": _QWEN2,
+}
+
+# A marker no chat template alters, to find what a template writes after an assistant turn.
+_PROBE = "AnychipProbe7"
+
+
+class Tokenizer:
+    """Text <-> token ids, and chat prompts.
+
+    ``eos_ids``: every id that ends generation: the checkpoint's eos (and end-of-turn ids it
+    names), plus the special token the chat template closes an assistant turn with.
+    """
+
+    def __init__(self, backend: tokenizers.Tokenizer, *, bos_id: int | None, eos_id: int | None,
+                 extra_eos_ids=(), pad_id: int | None = None, chat_template: str | None = None,
+                 add_bos: bool = False):
+        self._backend = backend
+        self.bos_id = bos_id
+        self.pad_id = pad_id
+        self.chat_template = chat_template
+        self.add_bos = add_bos  # whether the checkpoint's own tokenizer puts bos before plain text
+        self.bos_token = "" if bos_id is None else backend.id_to_token(bos_id)  # the template's bos_token
+        self.eos_token = "" if eos_id is None else backend.id_to_token(eos_id)
+        self.eos_ids = {i for i in (eos_id, *extra_eos_ids) if i is not None}
+        turn_end = self._template_turn_end()
+        if turn_end is not None:
+            self.eos_ids.add(turn_end)
+
+    # ---- construction -----------------------------------------------------------------------
+
+    @classmethod
+    def from_gguf_metadata(cls, meta: dict, source: str) -> Tokenizer:
+        """From a GGUF file's tokenizer.* metadata (``tokenizer.ggml.model`` "gpt2": byte-level BPE)."""
+        kind = meta.get("tokenizer.ggml.model")
+        if kind != "gpt2":
+            raise CheckpointError(f"{source}: tokenizer.ggml.model {kind!r} is not supported (supported: 'gpt2', "
+                                  "the byte-level BPE of Llama 3, Qwen2 and SmolLM2)")
+        pre_name = meta.get("tokenizer.ggml.pre", "")
+        pre = PRE_TOKENIZERS.get(pre_name)
+        if pre is None:
+            raise CheckpointError(f"{source}: tokenizer.ggml.pre {pre_name!r} is not supported "
+                                  f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})")
+        tokens = meta.get("tokenizer.ggml.tokens")
+        merges = meta.get("tokenizer.ggml.merges")
+        if not tokens or merges is None:
+            raise CheckpointError(f"{source}: tokenizer.ggml.tokens or tokenizer.ggml.merges is missing")
+        types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+
+        vocab = {token: i for i, token in enumerate(tokens)}
+        pairs = [tuple(merge.split(" ", 1)) for merge in merges]
+        backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=pre.ignore_merges))
+        backend.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(split), behavior="isolated") for split in pre.splits]
+            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        backend.decoder = decoders.ByteLevel()
+        # Control tokens are special (never produced by splitting text, skipped when decoding);
+        # user-defined ones are whole tokens wherever their text appears.
+        backend.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+                                    for i, t in enumerate(types) if t == CONTROL])
+        backend.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
+                            for i, t in enumerate(types) if t == USER_DEFINED])
+        return cls(backend,
+                   bos_id=meta.get("tokenizer.ggml.bos_token_id"),
+                   eos_id=meta.get("tokenizer.ggml.eos_token_id"),
+                   extra_eos_ids=(meta.get("tokenizer.ggml.eot_token_id"), meta.get("tokenizer.ggml.eom_token_id")),
+                   pad_id=meta.get("tokenizer.ggml.padding_token_id"),
+                   chat_template=meta.get("tokenizer.chat_template"),
+                   add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)))
+
+    @classmethod
+    def from_hf_folder(cls, folder: Path) -> Tokenizer:
+        """From tokenizer.json, with tokenizer_config.json (special tokens, chat template),
+        chat_template.jinja where present, and generation_config.json's eos ids."""
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise CheckpointError(f"{folder}: tokenizer.json is missing (a fast tokenizer file is needed)")
+        try:
+            backend = tokenizers.Tokenizer.from_file(str(path))
+        except Exception as exc:  # noqa: BLE001 - tokenizers raises plain Exception for bad files
+            raise CheckpointError(f"{path}: not a readable tokenizer file ({exc})") from exc
+        config = _read_json(folder / "tokenizer_config.json")
+        generation = _read_json(folder / "generation_config.json")
+
+        template = config.get("chat_template")
+        if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
+            template = {t.get("name"): t.get("template") for t in template}.get("default")
+        template_file = folder / "chat_template.jinja"
+        if template_file.is_file():
+            template = template_file.read_text(encoding="utf-8")
+
+        def token_id(key: str) -> int | None:
+            token = config.get(key)
+            if isinstance(token, dict):  # serialized AddedToken
+                token = token.get("content")
+            return None if token is None else backend.token_to_id(token)
+
+        bos_id = token_id("bos_token")
+        if bos_id is None:
+            bos_id = generation.get("bos_token_id")
+        generation_eos = generation.get("eos_token_id", [])
+        # tokenizer.json's post-processor is what puts bos before text (Llama's does, Qwen2's not)
+        add_bos = bos_id is not None and backend.encode("a", add_special_tokens=True).ids[:2] == \
+            [bos_id, *backend.encode("a", add_special_tokens=False).ids[:1]]
+        return cls(backend, bos_id=bos_id, eos_id=token_id("eos_token"),
+                   extra_eos_ids=generation_eos if isinstance(generation_eos, list) else [generation_eos],
+                   pad_id=token_id("pad_token"), chat_template=template, add_bos=add_bos)
+
+    # ---- text <-> ids -------------------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return self._backend.get_vocab_size(with_added_tokens=True)
+
+    def token_to_id(self, token: str) -> int | None:
+        """The id of a token given as its vocabulary string (e.g. "<|im_start|>"), or None."""
+        return self._backend.token_to_id(token)
+
+    def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        """Special tokens written in ``text`` (e.g. "<|im_start|>") become their ids. ``add_bos``
+        puts bos first unless the text already starts with it (chat templates often write it)."""
+        ids = self._backend.encode(text, add_special_tokens=False).ids
+        if add_bos and self.bos_id is not None and ids[:1] != [self.bos_id]:
+            ids.insert(0, self.bos_id)
+        return ids
+
+    def decode(self, ids, skip_special: bool = True) -> str:
+        return self._backend.decode([int(i) for i in ids], skip_special_tokens=skip_special)
+
+    def stream_decoder(self, skip_special: bool = True) -> StreamDecoder:
+        return StreamDecoder(self, skip_special)
+
+    # ---- chat -------------------------------------------------------------------------------------
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(self.chat_template)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **variables) -> str:
+        """The prompt text for ``messages`` ([{"role": ..., "content": ...}]), rendered the way
+        transformers renders chat templates; ``variables`` are extra template variables."""
+        if not self.chat_template:
+            raise ValueError("this checkpoint has no chat template; encode the prompt text directly")
+        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                     bos_token=self.bos_token, eos_token=self.eos_token, **variables)
+
+    @cached_property
+    def _template(self) -> jinja2.Template:
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        return env.from_string(self.chat_template)
+
+    def _template_turn_end(self) -> int | None:
+        """The special token the chat template writes right after an assistant message, if any."""
+        if not self.chat_template:
+            return None
+        try:
+            text = self.apply_chat_template([{"role": "user", "content": "Hi"},
+                                             {"role": "assistant", "content": _PROBE}], add_generation_prompt=False)
+        except Exception:  # noqa: BLE001 - a template may reject the probe conversation; then there is none
+            return None
+        after = text.partition(_PROBE)[2]
+        specials = {t.content: i for i, t in self._backend.get_added_tokens_decoder().items() if t.special}
+        matches = [content for content in specials if content and after.startswith(content)]
+        return specials[max(matches, key=len)] if matches else None
+
+
+class StreamDecoder:
+    """Incremental detokenization for streaming: ``feed`` one id at a time and get the text it
+    completes, "" while a character is still split across tokens (never broken UTF-8)."""
+
+    def __init__(self, tokenizer: Tokenizer, skip_special: bool = True):
+        self._backend = tokenizer._backend
+        self._stream = decoders.DecodeStream(skip_special_tokens=skip_special)
+
+    def feed(self, token_id: int) -> str:
+        return self._stream.step(self._backend, int(token_id)) or ""
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc})") from exc
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _raise_exception(message: str):
+    raise jinja2.exceptions.TemplateError(message)
