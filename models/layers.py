@@ -1,0 +1,107 @@
+"""The weights of a Llama-family model on a device: linear layers in float or anychip's
+weight-only format, the token embedding, and the per-layer bundle. They hold Paddle tensors and
+call anychip.ops, so they run on whatever device the tensors are on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+import anychip.ops as ops
+from anychip.ops.dispatch import place
+
+from .checkpoint import QuantWeight
+
+
+def to_device(array: np.ndarray, device: tuple[str, int]):
+    from anychip.paddle_frontend import import_paddle
+
+    tensor = import_paddle().to_tensor(np.ascontiguousarray(array), place=place(device))
+    tensor.stop_gradient = True
+    return tensor
+
+
+def concat_rows(parts: list) -> np.ndarray | QuantWeight:
+    """Stacks weights [N_i, K] along N: q, k, v into one qkv projection, gate and up into one.
+    Quantized parts of one format stay quantized (rows are independent, so this is exact)."""
+    if all(isinstance(p, np.ndarray) for p in parts):
+        return np.concatenate(parts, axis=0)
+    first = parts[0]
+    same = all(isinstance(p, QuantWeight) and p.bits == first.bits and p.group_size == first.group_size
+               and (p.offsets is None) == (first.offsets is None) for p in parts)
+    if not same:  # mixed formats: float is the one format every part converts to exactly
+        return np.concatenate([p.dequantize() if isinstance(p, QuantWeight) else p for p in parts], axis=0)
+    return QuantWeight(
+        qweight=np.concatenate([p.qweight for p in parts]), scales=np.concatenate([p.scales for p in parts]),
+        bits=first.bits, group_size=first.group_size,
+        offsets=None if first.offsets is None else np.concatenate([p.offsets for p in parts]))
+
+
+class Linear:
+    """``y = x W^T (+ bias)`` for W [N, K] held as float32 or in anychip's weight-only format."""
+
+    def __init__(self, weight: np.ndarray | QuantWeight, device, bias: np.ndarray | None = None):
+        self.bias = None if bias is None else to_device(bias.astype(np.float32), device)
+        if isinstance(weight, QuantWeight):
+            self.bits, self.group_size = weight.bits, weight.group_size
+            self.weight = to_device(weight.qweight, device)
+            self.scales = to_device(weight.scales.astype(np.float32), device)
+            self.offsets = None if weight.offsets is None else to_device(weight.offsets.astype(np.float32), device)
+            self.out_features = weight.qweight.shape[0]
+        else:
+            self.bits, self.group_size, self.scales, self.offsets = 0, -1, None, None
+            self.weight = to_device(weight.astype(np.float32), device)
+            self.out_features = weight.shape[0]
+
+    def __call__(self, x):
+        if self.bits == 0:
+            from anychip.paddle_frontend import import_paddle
+
+            y = import_paddle().matmul(x, self.weight, transpose_y=True)
+            return y if self.bias is None else y + self.bias
+        return ops.weight_only_linear(x, self.weight, self.scales, self.bias, bits=self.bits,
+                                      group_size=self.group_size, offsets=self.offsets)
+
+    def fused(self) -> ops.Linear:
+        """This weight as a LIN of the fused decoder_step op."""
+        return ops.Linear(self.weight, self.scales, self.offsets, bits=self.bits, group_size=self.group_size)
+
+
+class Embedding:
+    """Token embedding lookup from a float32 table or a quantized one (rows dequantized as they
+    are looked up, so a Q8_0 table stays 1 byte per weight in memory)."""
+
+    def __init__(self, table: np.ndarray | QuantWeight, device):
+        self.quant = table if isinstance(table, QuantWeight) else None
+        if self.quant is None:
+            self.table = to_device(table.astype(np.float32), device)
+            self.dim = table.shape[1]
+        else:
+            self.table = to_device(table.qweight, device)
+            self.scales = to_device(table.scales.astype(np.float32), device)
+            self.offsets = None if table.offsets is None else to_device(table.offsets.astype(np.float32), device)
+            self.dim = table.qweight.shape[1] * (1 if table.bits == 8 else 2)
+
+    def __call__(self, ids):
+        from anychip.paddle_frontend import import_paddle
+
+        pd = import_paddle()
+        flat = ids.reshape([-1])
+        if self.quant is None:
+            rows = pd.gather(self.table, flat)
+        else:
+            offsets = None if self.offsets is None else pd.gather(self.offsets, flat)
+            rows = ops.dequantize(pd.gather(self.table, flat), pd.gather(self.scales, flat), self.quant.bits,
+                                  self.quant.group_size, self.dim, offsets=offsets)
+        return rows.reshape(list(ids.shape) + [self.dim])
+
+
+@dataclass
+class DecoderLayer:
+    attn_norm: object
+    qkv: Linear
+    o: Linear
+    ffn_norm: object
+    gate_up: Linear
+    down: Linear

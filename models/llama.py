@@ -1,0 +1,156 @@
+"""The Llama-family decoder (Llama 2/3, Qwen2, SmolLM2): RMSNorm, RoPE, grouped-query attention,
+SwiGLU MLP, tied or untied embeddings. Every hot path is an anychip op, so the same code runs on
+every device; the decode step is one fused ``decoder_step`` launch where the device registers
+that kernel, and the op-by-op forward otherwise (a counted fallback)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import anychip.ops as ops
+from anychip import fallback
+from anychip.ops.dispatch import place
+from anychip.paddle_frontend import import_paddle
+from anychip.plugins import registry
+
+from .checkpoint import Checkpoint, ModelConfig
+from .layers import DecoderLayer, Embedding, Linear, concat_rows, to_device
+
+paddle = import_paddle()
+
+
+class KVCache:
+    """Keys and values of every layer for B sequences of up to S tokens, allocated once on the
+    device: [L, B, S, Hk, D] each (the layout decoder_step updates in place)."""
+
+    def __init__(self, config: ModelConfig, batch: int, max_len: int, device: tuple[str, int]):
+        if max_len > config.max_position:
+            raise ValueError(f"max_len {max_len} exceeds the model's context of {config.max_position} tokens")
+        shape = [config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim]
+        self.k = paddle.zeros(shape, dtype="float32", device=place(device))
+        self.v = paddle.zeros(shape, dtype="float32", device=place(device))
+        self.batch, self.max_len = batch, max_len
+
+
+class LlamaForCausalLM(paddle.nn.Layer):
+    """A Llama-family causal LM on ``device``, built from a :class:`Checkpoint` (float or
+    anychip weight-only tensors, as the checkpoint holds them)."""
+
+    def __init__(self, checkpoint: Checkpoint, device: tuple[str, int] | str = ("cpu", 0)):
+        super().__init__()
+        if isinstance(device, str):
+            name, _, index = device.partition(":")
+            device = (name, int(index or 0))
+        self.config = c = checkpoint.config
+        self.device = device
+        t = checkpoint.tensors
+        self.embed = Embedding(t["embed_tokens"], device)
+        self.blocks = []
+        for i in range(c.num_layers):
+            p = f"layers.{i}."
+            bias = None
+            if c.qkv_bias:
+                bias = np.concatenate([t[p + "q_bias"], t[p + "k_bias"], t[p + "v_bias"]]).astype(np.float32)
+            self.blocks.append(DecoderLayer(
+                attn_norm=to_device(t[p + "attn_norm"].astype(np.float32), device),
+                qkv=Linear(concat_rows([t[p + "q_proj"], t[p + "k_proj"], t[p + "v_proj"]]), device, bias),
+                o=Linear(t[p + "o_proj"], device),
+                ffn_norm=to_device(t[p + "ffn_norm"].astype(np.float32), device),
+                gate_up=Linear(concat_rows([t[p + "gate_proj"], t[p + "up_proj"]]), device),
+                down=Linear(t[p + "down_proj"], device)))
+        self.norm = to_device(t["norm"].astype(np.float32), device)
+        self.head = Linear(t["embed_tokens"] if c.tie_embeddings else t["lm_head"], device)
+        self._fused = None
+
+    # ---- op by op: prefill, and decode where the device has no decoder_step kernel ----------
+
+    def forward(self, tokens, positions, cache: KVCache | None = None, start: int = 0, last_index=None):
+        """Logits for ``tokens`` [B, T] at ``positions`` [B, T] (int64). With ``cache``, the
+        tokens' keys and values are written at slots ``start .. start + T`` and attention reads
+        slots ``0 .. start + T`` (causal). ``last_index`` [B] (int64): return only the logits of
+        those positions, [B, V], as generation needs, instead of [B, T, V]."""
+        c = self.config
+        b, t = tokens.shape
+        h = self.embed(tokens)
+        residual = None
+        for i, layer in enumerate(self.blocks):
+            if residual is None:
+                a = ops.rms_norm(h, layer.attn_norm, c.rms_eps)
+            else:
+                a, h = ops.rms_norm(h, layer.attn_norm, c.rms_eps, residual=residual)
+            q, k, v = self._qkv(layer, a, positions, b, t)
+            attn = self._attend(i, q, k, v, cache, start)
+            residual = layer.o(attn.reshape([b, t, c.num_heads * c.head_dim]))
+            m, h = ops.rms_norm(h, layer.ffn_norm, c.rms_eps, residual=residual)
+            gate, up = paddle.split(layer.gate_up(m), 2, axis=-1)
+            residual = layer.down(ops.swiglu(gate, up))
+        h = h + residual
+        if last_index is not None:
+            h = paddle.take_along_axis(h, last_index.reshape([b, 1, 1]).expand([b, 1, c.hidden_size]), axis=1)
+            h = h.reshape([b, c.hidden_size])
+        return self.head(ops.rms_norm(h, self.norm, c.rms_eps))
+
+    def _qkv(self, layer: DecoderLayer, a, positions, b: int, t: int):
+        c = self.config
+        hq, hk, d = c.num_heads, c.num_kv_heads, c.head_dim
+        q, k, v = paddle.split(layer.qkv(a), [hq * d, hk * d, hk * d], axis=-1)
+        q, k = ops.rotary_embedding(q.reshape([b, t, hq, d]), k.reshape([b, t, hk, d]), positions, c.rope_theta)
+        return q, k, v.reshape([b, t, hk, d])
+
+    def _attend(self, layer: int, q, k, v, cache: KVCache | None, start: int):
+        if cache is None:
+            return ops.attention(q, k, v, causal=True)
+        b, t = q.shape[0], q.shape[1]
+        cache.k[layer, :, start:start + t] = k
+        cache.v[layer, :, start:start + t] = v
+        if start == 0:
+            return ops.attention(q, k, v, causal=True)
+        end = start + t
+        return ops.attention(q, cache.k[layer, :, :end], cache.v[layer, :, :end], causal=True)
+
+    # ---- decode ----------------------------------------------------------------------------
+
+    def has_fused_decode(self) -> bool:
+        return registry().kernels.find("decoder_step", self.device[0], "float32") is not None
+
+    def decode(self, tokens, positions, cache: KVCache, fused: bool = True):
+        """Next-token logits [B, V] for one token per sequence, ``tokens`` [B] at ``positions``
+        [B] (each sequence's own length so far), through the cache."""
+        if fused and self.has_fused_decode():
+            return ops.decoder_step(self.embed(tokens), positions, self._fused_weights(), cache.k, cache.v)
+        if fused:
+            fallback.record_op_fallback(self.device[0], "decoder_step", "float32",
+                                        f"no decoder_step kernel on {self.device[0]}: decoding op by op")
+        rows = []
+        pos = positions.numpy()
+        for i in range(tokens.shape[0]):  # sequences differ in length: one cache view each
+            rows.append(self._decode_one(tokens[i:i + 1], int(pos[i]), cache, i))
+        return paddle.concat(rows, axis=0)
+
+    def _decode_one(self, token, pos: int, cache: KVCache, row: int):
+        c = self.config
+        h = self.embed(token.reshape([1, 1]))
+        positions = paddle.full([1, 1], pos, dtype="int64").to(place(self.device))
+        for i, layer in enumerate(self.blocks):
+            a = ops.rms_norm(h, layer.attn_norm, c.rms_eps)
+            q, k, v = self._qkv(layer, a, positions, 1, 1)
+            cache.k[i, row, pos] = k[0, 0]
+            cache.v[i, row, pos] = v[0, 0]
+            keys = cache.k[i, row:row + 1, :pos + 1]
+            values = cache.v[i, row:row + 1, :pos + 1]
+            attn = ops.attention(q, keys, values, causal=True)
+            h = h + layer.o(attn.reshape([1, 1, c.num_heads * c.head_dim]))
+            m = ops.rms_norm(h, layer.ffn_norm, c.rms_eps)
+            gate, up = paddle.split(layer.gate_up(m), 2, axis=-1)
+            h = h + layer.down(ops.swiglu(gate, up))
+        return self.head(ops.rms_norm(h.reshape([1, c.hidden_size]), self.norm, c.rms_eps))
+
+    def _fused_weights(self):
+        if self._fused is None:
+            c = self.config
+            layers = [ops.DecoderLayer(l.attn_norm, l.qkv.fused(), l.qkv.bias, l.o.fused(), l.ffn_norm,
+                                       l.gate_up.fused(), l.down.fused()) for l in self.blocks]
+            self._fused = ops.DecoderWeights(layers=layers, final_norm=self.norm, head=self.head.fused(),
+                                             num_heads=c.num_heads, num_kv_heads=c.num_kv_heads,
+                                             eps=c.rms_eps, theta=c.rope_theta)
+        return self._fused

@@ -1,0 +1,104 @@
+"""The model commands as a user runs them: `anychip generate`, `anychip chat`, `anychip models`,
+on a tiny GGUF written by the test (and the real model for the chat)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from loader_helpers import random_weights, write_gguf
+from model_helpers import CONFIG, TOKENIZER_META
+
+
+def anychip(*args, stdin: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "anychip.cli.main", *args], capture_output=True, text=True,
+                          input=stdin, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny") / "tiny-q4_1.gguf"
+    return write_gguf(path, CONFIG, random_weights(CONFIG, seed=0), TOKENIZER_META, qtype=T.Q4_1,
+                      types={"embed_tokens": T.Q8_0})
+
+
+def test_generate_json_on_cpu_and_a_simulated_chip(tiny_gguf):
+    runs = {}
+    for device in ("cpu", "npu"):
+        proc = anychip("generate", "--device", device, "--model", str(tiny_gguf), "--json", "--max-new-tokens", "6",
+                       "hello", "a longer prompt")
+        assert proc.returncode == 0, proc.stderr
+        runs[device] = out = json.loads(proc.stdout)
+        assert out["weights"] == "native" and len(out["completions"]) == 2
+        for c in out["completions"]:
+            assert 1 <= c["completion_tokens"] <= 6 and c["finish_reason"] in ("stop", "length")
+        assert out["timings"]["prefill_tokens"] == sum(c["prompt_tokens"] for c in out["completions"])
+    assert runs["cpu"]["simulated"] is False
+    assert runs["npu"]["simulated"] is True and runs["npu"]["device"] == "npu:0"
+    assert [c["text"] for c in runs["npu"]["completions"]] == [c["text"] for c in runs["cpu"]["completions"]]
+
+
+def test_generate_streams_plain_text_and_labels_simulated_timings(tiny_gguf):
+    proc = anychip("generate", "--device", "xpu", "--model", str(tiny_gguf), "--max-new-tokens", "4",
+                   "--weights", "float", "--temperature", "0.8", "--seed", "3", "hi")
+    assert proc.returncode == 0, proc.stderr
+    assert "xpu:0 is simulated" in proc.stderr
+    assert "(simulated device: host speed)" in proc.stderr and "decode" in proc.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--device", "tpu"], "tpu"),
+    (["--model", "/nonexistent/model.gguf"], "/nonexistent/model.gguf"),
+    (["--model", "no-such-model"], "known: smollm2"),
+    (["--top-p", "1.5"], "top_p must be in (0, 1]"),
+    (["--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
+])
+def test_generate_bad_input_is_a_clear_error(tiny_gguf, args, message):
+    argv = ["generate", "--model", str(tiny_gguf), *args, "hi"]
+    if "--model" in args:
+        argv = ["generate", *args, "hi"]
+    proc = anychip(*argv)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_corrupt_model_file_names_the_file(tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 10)
+    proc = anychip("generate", "--model", str(bad), "hi")
+    assert proc.returncode == 1 and str(bad) in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_models_list_and_help():
+    listing = anychip("models", "list")
+    assert listing.returncode == 0 and listing.stdout.startswith("NAME") and "smollm2" in listing.stdout
+    for cmd in ("generate", "chat", "models"):
+        helped = anychip(cmd, "--help")
+        assert helped.returncode == 0 and "--device" in helped.stdout
+
+
+def test_chat_answers_each_turn_with_the_real_model():
+    proc = anychip("chat", "--max-new-tokens", "16", stdin="What is the capital of France?\n/reset\nSay hello.\n/exit\n")
+    assert proc.returncode == 0, proc.stderr
+    answers = [line for line in proc.stdout.splitlines() if line.strip()]
+    assert len(answers) == 2 and "Paris" in answers[0], proc.stdout
+
+
+def test_chat_turns_carry_the_history():
+    """Each turn's prompt is the whole conversation in the chat template."""
+    from anychip_models.checkpoint import load_checkpoint
+    from anychip_models.cli.session import prompt_ids
+    from anychip_models.hub import resolve
+
+    tok = load_checkpoint(resolve("smollm2"), weights="native").tokenizer
+    history = [{"role": "user", "content": "My name is Ada."}, {"role": "assistant", "content": "Hello Ada!"}]
+    text = tok.decode(prompt_ids(tok, "What is my name?", raw=False, system="Be brief.", history=history),
+                      skip_special=False)
+    order = [text.find(part) for part in ("Be brief.", "My name is Ada.", "Hello Ada!", "What is my name?")]
+    assert -1 not in order and order == sorted(order), text
+    assert text.endswith("<|im_start|>assistant\n")

@@ -1,0 +1,177 @@
+"""The Llama-family model and generation on tiny random checkpoints: the forward pass against an
+independent numpy implementation, prefill with padding, fused and op-by-op decode, sampling,
+and the same greedy tokens on every device."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import SIMULATED
+from model_helpers import oracle_logits, tiny_checkpoint
+from ops_helpers import host, paddle
+
+WEIGHTS = ["float", "int8", "int4", "int4-sym"]
+
+
+def model_for(checkpoint, device="cpu"):
+    paddle()
+    from anychip_models.llama import LlamaForCausalLM
+
+    return LlamaForCausalLM(checkpoint, (device, 0))
+
+
+def generator(checkpoint, device="cpu", fused=True):
+    from anychip_models.generate import Generator
+
+    return Generator(model_for(checkpoint, device), checkpoint.tokenizer, fused=fused)
+
+
+def ids_tensor(array, device="cpu"):
+    from anychip.paddle_frontend import place
+
+    return paddle().to_tensor(np.asarray(array, dtype=np.int64), place=place(device, 0))
+
+
+@pytest.mark.parametrize("weights", WEIGHTS)
+@pytest.mark.parametrize("tie,bias", [(True, False), (False, True)])
+def test_forward_matches_numpy(weights, tie, bias):
+    ckpt = tiny_checkpoint(weights, tie=tie, qkv_bias=bias)
+    model = model_for(ckpt)
+    ids = np.random.default_rng(1).integers(0, 95, size=(2, 11))
+    pos = np.broadcast_to(np.arange(11), ids.shape)
+    logits = host(model(ids_tensor(ids), ids_tensor(pos)))
+    for b in range(2):
+        want = oracle_logits(ckpt, list(ids[b]))
+        np.testing.assert_allclose(logits[b], want, rtol=2e-4, atol=2e-4)
+
+
+def test_prefill_with_right_padding_equals_each_prompt_alone():
+    from anychip_models.llama import KVCache
+
+    ckpt = tiny_checkpoint("int4")
+    model = model_for(ckpt)
+    prompts = [[5, 9, 2], [7, 1, 3, 3, 8, 4, 6], [11]]
+    width = max(map(len, prompts))
+    ids = np.zeros((3, width), dtype=np.int64)
+    for i, p in enumerate(prompts):
+        ids[i, :len(p)] = p
+    pos = np.broadcast_to(np.arange(width), ids.shape)
+    cache = KVCache(ckpt.config, 3, width + 4, ("cpu", 0))
+    last = host(model(ids_tensor(ids), ids_tensor(pos), cache, last_index=ids_tensor([len(p) - 1 for p in prompts])))
+    for i, p in enumerate(prompts):
+        np.testing.assert_allclose(last[i], oracle_logits(ckpt, p)[-1], rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("weights", WEIGHTS)
+@pytest.mark.parametrize("fused", [True, False])
+def test_decode_steps_match_numpy(weights, fused):
+    """Prefill two prompts of different lengths, then decode tokens through the cache: each
+    step's logits equal the oracle's over the whole sequence so far."""
+    from anychip_models.llama import KVCache
+
+    ckpt = tiny_checkpoint(weights, tie=False, qkv_bias=True)
+    model = model_for(ckpt)
+    seqs = [[3, 14, 15, 92, 65], [35, 89]]
+    ids = np.zeros((2, 5), dtype=np.int64)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = s
+    cache = KVCache(ckpt.config, 2, 12, ("cpu", 0))
+    model(ids_tensor(ids), ids_tensor(np.broadcast_to(np.arange(5), ids.shape)), cache,
+          last_index=ids_tensor([4, 1]))
+    rng = np.random.default_rng(3)
+    for _step in range(4):
+        new = rng.integers(0, 95, size=2)
+        positions = [len(s) for s in seqs]
+        logits = host(model.decode(ids_tensor(new), ids_tensor(positions), cache, fused=fused))
+        for i, s in enumerate(seqs):
+            s.append(int(new[i]))
+            np.testing.assert_allclose(logits[i], oracle_logits(ckpt, s)[-1], rtol=3e-4, atol=3e-4)
+
+
+def test_fused_decode_is_used_and_fallback_is_counted():
+    import anychip
+
+    ckpt = tiny_checkpoint("int8")
+    gen = generator(ckpt)
+    assert gen.model.has_fused_decode()
+    from anychip_models.sampling import SamplingParams
+
+    anychip.reset_fallbacks()
+    gen.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4, ignore_eos=True))
+    assert not any(op == "anychip.decoder_step" for (_dev, op, _dt) in anychip.fallback_counts())
+    gen.fused = False
+    gen.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4, ignore_eos=True))
+    assert not any(op == "anychip.decoder_step" for (_dev, op, _dt) in anychip.fallback_counts()), \
+        "choosing the op-by-op path is not a fallback"
+
+
+def greedy(checkpoint, device, prompts, n=16, fused=True):
+    from anychip_models.sampling import SamplingParams
+
+    outs, _stats = generator(checkpoint, device, fused).generate(
+        prompts, SamplingParams(max_new_tokens=n, ignore_eos=True))
+    return [o.tokens for o in outs]
+
+
+def test_greedy_batch_equals_each_prompt_alone():
+    ckpt = tiny_checkpoint("int4")
+    prompts = [[5, 9, 2], [7, 1, 3, 3, 8, 4, 6]]
+    batched = greedy(ckpt, "cpu", prompts)
+    assert batched == [greedy(ckpt, "cpu", [p])[0] for p in prompts]
+
+
+@pytest.mark.parametrize("device", SIMULATED)
+def test_greedy_tokens_identical_on_simulated_devices(device):
+    ckpt = tiny_checkpoint("int4", tie=False, qkv_bias=True)
+    prompts = [[5, 9, 2], [7, 1, 3, 3, 8]]
+    assert greedy(ckpt, device, prompts) == greedy(ckpt, "cpu", prompts)
+
+
+def test_sampling_is_reproducible_from_the_seed():
+    from anychip_models.sampling import SamplingParams
+
+    ckpt = tiny_checkpoint("float")
+    gen = generator(ckpt)
+
+    def run(seed, **kw):
+        outs, _ = gen.generate([[4, 5, 6]], SamplingParams(max_new_tokens=12, temperature=1.5, seed=seed,
+                                                           ignore_eos=True, **kw))
+        return outs[0].tokens
+
+    assert run(7) == run(7)
+    assert run(7) != run(8)
+    assert run(7, top_k=1) == greedy(ckpt, "cpu", [[4, 5, 6]], n=12)[0]
+
+
+def test_stop_strings_and_streaming():
+    from anychip_models.sampling import SamplingParams
+
+    ckpt = tiny_checkpoint("float")
+    gen = generator(ckpt)
+    full, _ = gen.generate([[4, 5, 6]], SamplingParams(max_new_tokens=12, ignore_eos=True))
+    text = full[0].text
+    stop = text[5:7]
+    pieces = []
+    outs, _ = gen.generate([[4, 5, 6]], SamplingParams(max_new_tokens=12, ignore_eos=True, stop=[stop]),
+                           on_text=lambda i, piece: pieces.append(piece))
+    assert outs[0].text == text[:text.find(stop)]
+    assert outs[0].finish_reason == "stop"
+    assert "".join(pieces) == outs[0].text
+    assert full[0].finish_reason == "length" and len(full[0].tokens) == 12
+
+
+def test_bad_generation_arguments():
+    from anychip_models.sampling import SamplingParams
+
+    gen = generator(tiny_checkpoint("float"))
+    with pytest.raises(ValueError, match="top_p"):
+        gen.generate([[1]], SamplingParams(top_p=0))
+    with pytest.raises(ValueError, match="temperature"):
+        gen.generate([[1]], SamplingParams(temperature=-1))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        gen.generate([[1, 500]], SamplingParams())
+    with pytest.raises(ValueError, match="at least one token"):
+        gen.generate([[]], SamplingParams())
+    with pytest.raises(ValueError, match="context"):
+        gen.generate([[1] * 250], SamplingParams(max_new_tokens=10))
