@@ -78,62 +78,92 @@ def cases(weights: str, ckpt):
     return prefill, decode
 
 
-def test_anychip_prefill_decode(benchmark, bench, pd, loaded):
-    from anychip.paddle_frontend import place
-    from anychip_models.llama import KVCache
+class AnychipRun:
+    """The model with a 512-token prompt and a cache for the 128 tokens after it."""
 
-    weights, ckpt, model = loaded
-    prefill_case, decode_case = cases(weights, ckpt)
-    ids = np.array([prompt(ckpt)], dtype=np.int64)
-    dev = place("cpu", 0)
-    tokens = pd.to_tensor(ids, place=dev)
-    positions = pd.to_tensor(np.arange(PROMPT_TOKENS, dtype=np.int64)[None], place=dev)
-    last = pd.to_tensor(np.array([PROMPT_TOKENS - 1], dtype=np.int64), place=dev)
-    cache = KVCache(ckpt.config, 1, PROMPT_TOKENS + DECODE_TOKENS, ("cpu", 0))
+    def __init__(self, pd, weights, ckpt, model):
+        from anychip.paddle_frontend import place
+        from anychip_models.llama import KVCache
 
-    def prefill():
-        return model(tokens, positions, cache, last_index=last)
+        self.pd, self.weights, self.model, self.dev = pd, weights, model, place("cpu", 0)
+        ids = np.array([prompt(ckpt)], dtype=np.int64)
+        self.tokens = pd.to_tensor(ids, place=self.dev)
+        self.positions = pd.to_tensor(np.arange(PROMPT_TOKENS, dtype=np.int64)[None], place=self.dev)
+        self.last = pd.to_tensor(np.array([PROMPT_TOKENS - 1], dtype=np.int64), place=self.dev)
+        self.cache = KVCache(ckpt.config, 1, PROMPT_TOKENS + DECODE_TOKENS, ("cpu", 0))
+        self.cases = cases(weights, ckpt)
 
-    def decode():
-        logits = prefill_logits
-        for n in range(DECODE_TOKENS):
-            token = pd.to_tensor(np.argmax(logits.numpy(), axis=-1).astype(np.int64), place=dev)
-            logits = model.decode(token, pd.to_tensor(np.array([PROMPT_TOKENS + n], np.int64), place=dev), cache)
+    def prefill(self):
+        with self.pd.no_grad():
+            return self.model(self.tokens, self.positions, self.cache, last_index=self.last)
+
+    def decode(self):
+        """128 greedy steps after the prompt (each round overwrites the previous round's slots)."""
+        pd, dev = self.pd, self.dev
+        logits = self.prefill_logits
+        with pd.no_grad():
+            for n in range(DECODE_TOKENS):
+                token = pd.to_tensor(np.argmax(logits.numpy(), axis=-1).astype(np.int64), place=dev)
+                logits = self.model.decode(token, pd.to_tensor(np.array([PROMPT_TOKENS + n], np.int64), place=dev),
+                                           self.cache)
         return logits
 
-    with pd.no_grad():
-        bench.run(benchmark, prefill_case, "anychip", prefill, label=f"anychip ({weights} weights)",
-                  min_rounds=3, max_rounds=10, warmup=1, notes=f"{THREADS} threads")
-        prefill_logits = prefill()
-        bench.run(benchmark, decode_case, "anychip", decode, label=f"anychip fused decoder_step ({weights} weights)",
-                  min_rounds=3, max_rounds=10, warmup=1, notes="one decoder_step launch per token")
+
+@pytest.fixture(scope="module")
+def anychip_run(pd, loaded):
+    return AnychipRun(pd, *loaded)
 
 
-def test_llama_cpp(benchmark, bench, gguf_path, loaded):
-    """llama.cpp on the same GGUF, measured as the anychip runs are (one set per weight mode's
-    cases, so both anychip paths have it side by side)."""
+def test_anychip_prefill(benchmark, bench, anychip_run):
+    run = anychip_run
+    bench.run(benchmark, run.cases[0], "anychip", run.prefill, label=f"anychip ({run.weights} weights)",
+              min_rounds=3, max_rounds=10, warmup=1, notes=f"{THREADS} threads")
+
+
+def test_anychip_decode(benchmark, bench, anychip_run):
+    run = anychip_run
+    run.prefill_logits = run.prefill()
+    bench.run(benchmark, run.cases[1], "anychip", run.decode, label=f"anychip fused decoder_step ({run.weights} weights)",
+              min_rounds=3, max_rounds=10, warmup=1, notes="one decoder_step launch per token")
+
+
+@pytest.fixture(scope="module")
+def llama_cpp_model(gguf_path):
     try:
         from llama_cpp import Llama
     except ImportError:
         pytest.skip("llama-cpp-python is not installed (see bench/requirements.txt)")
+    return Llama(model_path=str(gguf_path), n_threads=THREADS, n_threads_batch=THREADS, n_ctx=1024,
+                 n_batch=PROMPT_TOKENS, verbose=False)
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_llama_cpp(benchmark, bench, loaded, llama_cpp_model, phase):
+    """llama.cpp on the same GGUF and prompt, greedy, measured beside each anychip weight mode."""
+    llm = llama_cpp_model
     weights, ckpt, _model = loaded
     prefill_case, decode_case = cases(weights, ckpt)
-    llm = Llama(model_path=str(gguf_path), n_threads=THREADS, n_threads_batch=THREADS, n_ctx=1024,
-                n_batch=PROMPT_TOKENS, verbose=False)
     ids = prompt(ckpt)
+    vocab = llm.n_vocab()
+
+    def last_logits():
+        return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(vocab,))
 
     def prefill():
         llm.reset()
         llm.eval(ids)
 
     def decode():
-        llm.n_tokens = PROMPT_TOKENS  # drop the previous round's tokens from the cache
-        token = int(np.argmax(llm.scores[PROMPT_TOKENS - 1]))
+        llm.n_tokens = PROMPT_TOKENS  # eval() drops the previous round's tokens from the cache
+        token = first
         for _ in range(DECODE_TOKENS):
             llm.eval([token])
-            token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            token = int(np.argmax(last_logits()))
 
     label = f"llama.cpp (llama-cpp-python, Q4_1 GGUF, {THREADS} threads)"
-    bench.run(benchmark, prefill_case, "llama.cpp", prefill, label=label, min_rounds=3, max_rounds=10, warmup=1)
-    prefill()
-    bench.run(benchmark, decode_case, "llama.cpp", decode, label=label, min_rounds=3, max_rounds=10, warmup=1)
+    if phase == "decode":
+        prefill()
+        first = int(np.argmax(last_logits()))
+        bench.run(benchmark, decode_case, "llama.cpp", decode, label=label, min_rounds=3, max_rounds=10, warmup=1)
+    else:
+        bench.run(benchmark, prefill_case, "llama.cpp", prefill, label=label, min_rounds=3, max_rounds=10, warmup=1)
