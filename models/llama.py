@@ -31,6 +31,12 @@ class KVCache:
         self.v = paddle.zeros(shape, dtype="float32", device=place(device))
         self.batch, self.max_len = batch, max_len
 
+    def view(self, layer: int, row: int, length: int):
+        """The first ``length`` keys and values of sequence ``row`` in ``layer``, [1, length, Hk,
+        D] each: dense views (an integer row index, then a new leading dim, keeps Paddle's strides
+        contiguous, which a size-1 slice would not)."""
+        return (self.k[layer, row, :length].unsqueeze(0), self.v[layer, row, :length].unsqueeze(0))
+
 
 class LlamaForCausalLM(paddle.nn.Layer):
     """A Llama-family causal LM on ``device``, built from a :class:`Checkpoint` (float or
@@ -105,8 +111,9 @@ class LlamaForCausalLM(paddle.nn.Layer):
         cache.v[layer, :, start:start + t] = v
         if start == 0:
             return ops.attention(q, k, v, causal=True)
-        end = start + t
-        return ops.attention(q, cache.k[layer, :, :end], cache.v[layer, :, :end], causal=True)
+        # One sequence at a time: its cache rows are a dense view, which every device can read
+        return paddle.concat([ops.attention(q[i:i + 1], *cache.view(layer, i, start + t), causal=True)
+                              for i in range(b)], axis=0)
 
     # ---- decode ----------------------------------------------------------------------------
 
@@ -136,9 +143,7 @@ class LlamaForCausalLM(paddle.nn.Layer):
             q, k, v = self._qkv(layer, a, positions, 1, 1)
             cache.k[i, row, pos] = k[0, 0]
             cache.v[i, row, pos] = v[0, 0]
-            keys = cache.k[i, row:row + 1, :pos + 1]
-            values = cache.v[i, row:row + 1, :pos + 1]
-            attn = ops.attention(q, keys, values, causal=True)
+            attn = ops.attention(q, *cache.view(i, row, pos + 1), causal=True)
             h = h + layer.o(attn.reshape([1, 1, c.num_heads * c.head_dim]))
             m = ops.rms_norm(h, layer.ffn_norm, c.rms_eps)
             gate, up = paddle.split(layer.gate_up(m), 2, axis=-1)

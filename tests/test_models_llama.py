@@ -175,3 +175,38 @@ def test_bad_generation_arguments():
         gen.generate([[]], SamplingParams())
     with pytest.raises(ValueError, match="context"):
         gen.generate([[1] * 250], SamplingParams(max_new_tokens=10))
+
+
+def test_device_without_the_fused_kernel_decodes_op_by_op_as_a_counted_fallback(monkeypatch):
+    import anychip
+    from anychip.fallback import KernelFallbackError
+    from anychip.plugins import registry
+
+    kernels = registry().kernels
+    real_find = kernels.find
+    monkeypatch.setattr(kernels, "find", lambda op, device, dtype: None if (op, device) == ("decoder_step", "npu")
+                        else real_find(op, device, dtype))
+    ckpt = tiny_checkpoint("int4")
+    anychip.reset_fallbacks()
+    assert greedy(ckpt, "npu", [[5, 9, 2]], n=6) == greedy(ckpt, "cpu", [[5, 9, 2]], n=6, fused=False)
+    counts = anychip.fallback_counts()
+    assert counts.get(("npu", "anychip.decoder_step", "float32")) == 5  # every decode step after the first token
+    monkeypatch.setenv("ANYCHIP_STRICT", "1")
+    with pytest.raises(KernelFallbackError, match="decoder_step"):
+        greedy(ckpt, "npu", [[5, 9, 2]], n=3)
+
+
+@pytest.mark.parametrize("device", ["cpu", "npu"])
+def test_forward_continues_from_the_cache(device):
+    """A second chunk of tokens (start > 0) attends to the first chunk through the cache."""
+    from anychip_models.llama import KVCache
+
+    ckpt = tiny_checkpoint("int8", tie=False, qkv_bias=True)
+    model = model_for(ckpt, device)
+    seqs = np.random.default_rng(5).integers(0, 95, size=(2, 7))
+    cache = KVCache(ckpt.config, 2, 8, (device, 0))
+    model(ids_tensor(seqs[:, :4], device), ids_tensor(np.broadcast_to(np.arange(4), (2, 4)), device), cache)
+    logits = host(model(ids_tensor(seqs[:, 4:], device), ids_tensor(np.broadcast_to(np.arange(4, 7), (2, 3)), device),
+                        cache, start=4))
+    for b in range(2):
+        np.testing.assert_allclose(logits[b], oracle_logits(ckpt, list(seqs[b]))[4:], rtol=3e-4, atol=3e-4)
