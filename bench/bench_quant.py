@@ -30,6 +30,14 @@ def gemv_case(bits, group):
                      "cycled beyond 2x the LLC; judged against read bandwidth, as it only streams W")
 
 
+def gemv_x_int8_case(bits, group):
+    g = "per-channel" if group == -1 else f"group {group}"
+    return Case(f"int{bits} weight-only GEMV M=1 {K}x{N} {g}, int8 x (x_int8, DRAM)", "memory",
+                _gemv_bytes(bits, group), targets=(RooflineShare(0.70),), pattern="read",
+                note="the fp32-x case's work with x quantized to int8 per run of 32 (x_int8=True, approximate): "
+                     "its anychip row is that variant, also listed beside the exact one in the fp32-x case")
+
+
 W8A8 = Case(f"w8a8 linear M={M_W8A8} {K}x{N}, fp32 x", "compute", 2.0 * M_W8A8 * N * K, peak="amx_int8",
             note="OPs: 2*M*N*K; weights hot in cache (compute-bound)")
 
@@ -48,6 +56,7 @@ def _packed(bits, group, rng):
 GEMV_CASES = [(4, 128), (4, -1), (8, -1)]
 LABELS = {
     "anychip": "anychip ops.weight_only_linear",
+    "anychip_x_int8": "anychip ops.weight_only_linear x_int8 (int8 activations, approx.)",
     "anychip_kernel": "(diagnostic) anychip kernel alone, output preallocated",
     "torch_int4": "torch _weight_int4pack_mm_for_cpu (g128, bf16 x)",
     "torch_int8": "torch _weight_int8pack_mm",
@@ -83,6 +92,34 @@ def test_weight_only_gemv(benchmark, bench, pd, bits, group):
 
     with pd.no_grad():
         _run_stream(bench, benchmark, [case], "anychip", fn, count)
+
+
+@pytest.mark.parametrize("bits,group", GEMV_CASES)
+def test_weight_only_gemv_x_int8(benchmark, bench, pd, bits, group):
+    """The x_int8 variant: the subject of its own case (judged by the same target), and a row of
+    the exact case, with its error against the exact op in the notes."""
+    case, exact_case = gemv_x_int8_case(bits, group), gemv_case(bits, group)
+    rng = np.random.default_rng(0)
+    xt = host_tensor(rng.standard_normal((1, K), dtype=np.float32))
+    q, s = _packed(bits, group, rng)
+    count = stream_count(case.amount)
+    sets = [(host_tensor(q), host_tensor(s)) for _ in range(count)]
+    nxt = Cycle(sets)
+    with pd.no_grad():
+        exact = ops.weight_only_linear(xt, *sets[0], bits=bits, group_size=group).numpy()
+        approx = ops.weight_only_linear(xt, *sets[0], bits=bits, group_size=group, x_int8=True).numpy()
+        error = np.linalg.norm(approx - exact) / np.linalg.norm(exact)
+
+        def fn():
+            qw, sc = nxt()
+            return ops.weight_only_linear(xt, qw, sc, bits=bits, group_size=group, x_int8=True)
+
+        notes = f"{count} distinct weight sets; relative error vs the exact op {error:.1e} (Gaussian x)"
+        label = LABELS["anychip_x_int8"]
+        row = bench.run(benchmark, case, "anychip", fn, label=label, min_rounds=max(20, count),
+                        max_rounds=max(400, 2 * count), warmup=min(count, 50), notes=notes)
+    bench.collector.record(exact_case, "anychip_x_int8", list(benchmark.stats.stats.data), label=label, notes=notes,
+                           foreign_load=row["foreign_load"])
 
 
 @pytest.mark.parametrize("impl", list(PEER_CASES))

@@ -46,7 +46,8 @@ def pack4(q: np.ndarray) -> np.ndarray:
 
 
 def make_lin(rng, n: int, k: int, fmt) -> dict:
-    """A LIN W[n, k]: its kernel inputs ('arrays') and exact values ('w', float64)."""
+    """A LIN W[n, k]: its kernel inputs ('arrays') and exact values ('w', float64; 'sym' without
+    the offsets)."""
     bits, group_size, offsets = fmt
     if bits == 0:
         w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
@@ -55,13 +56,13 @@ def make_lin(rng, n: int, k: int, fmt) -> dict:
     q = rng.integers(-qmax, qmax if bits == 4 else qmax + 1, (n, k))
     groups = 1 if group_size == -1 else k // group_size
     scales = (rng.uniform(0.5, 1.5, (n, groups)) / (qmax * np.sqrt(k / 3))).astype(np.float32)
-    w = q * np.repeat(scales.astype(np.float64), k // groups, axis=1)
-    arrays = [q.astype(np.int8) if bits == 8 else pack4(q), scales]
+    sym = q * np.repeat(scales.astype(np.float64), k // groups, axis=1)
+    arrays, w = [q.astype(np.int8) if bits == 8 else pack4(q), scales], sym
     if offsets:
         off = (rng.standard_normal((n, groups)) * 0.3 / np.sqrt(k)).astype(np.float32)
-        w = w + np.repeat(off.astype(np.float64), k // groups, axis=1)
+        w = sym + np.repeat(off.astype(np.float64), k // groups, axis=1)
         arrays.append(off)
-    return dict(arrays=arrays, w=w, fmt=fmt)
+    return dict(arrays=arrays, w=w, sym=sym, fmt=fmt)
 
 
 def make_model(seed: int, formats: dict, bias: bool, cfg=CFG) -> dict:
@@ -94,6 +95,8 @@ def kernel_inputs(model) -> tuple[list, list]:
     attrs = [cfg["L"], cfg["Hq"], cfg["Hk"], cfg["D"], cfg["F"], cfg["eps"], cfg["theta"], float(model["bias"])]
     for kind in KINDS:
         attrs += [float(v) for v in model["formats"][kind]]
+    if model.get("x_int8"):
+        attrs.append(1.0)
     return arrays, attrs
 
 
@@ -122,6 +125,24 @@ def rope(x, positions, theta):
     return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
 
 
+def round_half_away(v):
+    return np.sign(v) * np.floor(np.abs(v) + 0.5)
+
+
+def int8_runs(a):
+    """a [B, K] as x_int8 quantizes it per run of 32: xq * sx (float64)."""
+    runs = a.reshape(len(a), -1, 32)
+    sx = np.abs(runs).max(axis=-1, keepdims=True) / 127
+    return (np.clip(round_half_away(runs / np.where(sx > 0, sx, 1)), -127, 127) * sx).reshape(a.shape)
+
+
+def product(model, a, lin):
+    """a W^T; with x_int8 and W quantized, the symmetric part from a quantized per run of 32."""
+    if not (model.get("x_int8") and lin["fmt"][0]):
+        return a @ lin["w"].T
+    return int8_runs(a) @ lin["sym"].T + a @ (lin["w"] - lin["sym"]).T
+
+
 def oracle(model, x, positions, k_cache, v_cache):
     """(logits, k_cache, v_cache) in float64, caches updated."""
     cfg = model["cfg"]
@@ -130,7 +151,7 @@ def oracle(model, x, positions, k_cache, v_cache):
     h = x.astype(np.float64)
     b = len(h)
     for i, layer in enumerate(model["layers"]):
-        qkv = rms_norm(h, layer["attn_norm"], eps) @ layer["qkv"]["w"].T
+        qkv = product(model, rms_norm(h, layer["attn_norm"], eps), layer["qkv"])
         if layer["qkv_bias"] is not None:
             qkv = qkv + layer["qkv_bias"]
         q = rope(qkv[:, :hq * d].reshape(b, hq, d), positions, cfg["theta"])
@@ -144,11 +165,11 @@ def oracle(model, x, positions, k_cache, v_cache):
                 scores = keys @ q[s, head] / np.sqrt(d)
                 p = np.exp(scores - scores.max())
                 o[s, head] = p @ values / p.sum()
-        h = h + o.reshape(b, hq * d) @ layer["o"]["w"].T
-        gu = rms_norm(h, layer["ffn_norm"], eps) @ layer["gate_up"]["w"].T
+        h = h + product(model, o.reshape(b, hq * d), layer["o"])
+        gu = product(model, rms_norm(h, layer["ffn_norm"], eps), layer["gate_up"])
         g, u = gu[:, :f], gu[:, f:]
-        h = h + (g / (1 + np.exp(-g)) * u) @ layer["down"]["w"].T
-    return rms_norm(h, model["final_norm"], eps) @ model["head"]["w"].T, kc, vc
+        h = h + product(model, g / (1 + np.exp(-g)) * u, layer["down"])
+    return product(model, rms_norm(h, model["final_norm"], eps), model["head"]), kc, vc
 
 
 # ---- running the kernel ------------------------------------------------------------------------
@@ -175,12 +196,15 @@ def check_step(model, state, got) -> None:
 
 
 def isa_cases() -> None:
-    """Every format, with and without bias, against the oracle (for one ISA)."""
+    """Every format, with and without bias, against the oracle (for one ISA); the quantized ones
+    also with x_int8."""
     for i, (name, fmt) in enumerate(FORMATS.items()):
         for bias in (False, True):
             model = make_model(i, dict.fromkeys(KINDS, fmt), bias)
             state = make_state(i)
             check_step(model, state, step(model, state))
+            if fmt[0]:
+                check_step(dict(model, x_int8=True), state, step(dict(model, x_int8=True), state))
 
 
 # ---- tests: the kernel -------------------------------------------------------------------------
@@ -247,6 +271,50 @@ def test_thread_counts_agree_bit_for_bit_in_process(slots, positions):
             np.testing.assert_array_equal(a, b)
 
 
+X_INT8_CASES = {
+    "int4-g32-offsets": dict.fromkeys(KINDS, FORMATS["int4-g32-offsets"]),
+    "int8-channel": dict.fromkeys(KINDS, FORMATS["int8-channel"]),
+    "mixed": dict(qkv=FORMATS["int8-g32"], o=FORMATS["f32"], gate_up=FORMATS["int4-g32-offsets"],
+                  down=(8, 64, True), head=FORMATS["int4-g64"]),
+}
+
+
+@pytest.mark.parametrize("name", list(X_INT8_CASES))
+def test_x_int8_matches_its_oracle(name):
+    """x_int8: the quantized LINs take their input quantized per run of 32 (the oracle does the
+    same); the float LINs are unchanged. The result differs from the float-x step by far more
+    than the tolerance, so the attr cannot be ignored unnoticed."""
+    model = dict(make_model(9, X_INT8_CASES[name], True), x_int8=True)
+    state = make_state(9, positions=(15, 1, 7, 0))
+    got = step(model, state)
+    check_step(model, state, got)
+    plain = step(dict(model, x_int8=False), state)[0]
+    assert np.abs(got[0] - plain).max() > 1e-3 * np.abs(plain).max()
+
+
+@pytest.mark.parametrize("positions", [(9, 2), tuple(range(1, 16)) + (0, 5)])
+def test_x_int8_thread_counts_agree_bit_for_bit(positions):
+    model = dict(make_model(10, X_INT8_CASES["int4-g32-offsets"], True), x_int8=True)
+    state = make_state(10, positions)
+    results = [step(model, state, n) for n in (1, 2, 3, 5)]
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_x_int8_rejects_runs_it_cannot_make():
+    cfg = dict(CFG, F=160)  # down: K = 160, groups of 32 would do, 160 per channel too; 80 would not
+    model = dict(make_model(0, dict(dict.fromkeys(KINDS, FORMATS["int8-g32"]), down=(8, 80, False)), False, cfg),
+                 x_int8=True)
+    x, positions, k_cache, v_cache = make_state(0, cfg=cfg)
+    weights, attrs = kernel_inputs(model)
+    logits = np.zeros((len(x), CFG["V"]), np.float32)
+    with pytest.raises(RuntimeError, match=r"layers\[0\]\.down: x_int8 needs K = 160 and the group size 80"):
+        kernel().run_host([x, positions] + weights, [logits, k_cache, v_cache], attrs)
+    with pytest.raises(RuntimeError, match="x_int8 must be 0 or 1"):
+        kernel().run_host([x, positions] + weights, [logits, k_cache, v_cache], attrs[:-1] + [2.0])
+
+
 def test_rejects_what_it_cannot_do():
     model = make_model(0, dict.fromkeys(KINDS, FORMATS["int4-g64"]), False)
     x, positions, k_cache, v_cache = make_state(0)
@@ -300,7 +368,7 @@ def op_weights(model, device):
     layers = [ops.DecoderLayer(vec(y["attn_norm"]), lin(y["qkv"]), vec(y["qkv_bias"]), lin(y["o"]), vec(y["ffn_norm"]),
                                lin(y["gate_up"]), lin(y["down"])) for y in model["layers"]]
     return ops.DecoderWeights(layers, vec(model["final_norm"]), lin(model["head"]), cfg["Hq"], cfg["Hk"], cfg["eps"],
-                              cfg["theta"])
+                              cfg["theta"], x_int8=bool(model.get("x_int8")))
 
 
 def op_step(model, state, device, reference=False):
@@ -333,6 +401,21 @@ def test_op_equals_its_reference(device, name):
     anychip.reset_fallbacks()
     model = make_model(11, dict.fromkeys(KINDS, FORMATS[name]), name != "f32")
     state = make_state(11)
+    got = op_step(model, state, device)
+    assert not decoder_fallbacks()
+    want = op_step(model, state, "cpu", reference=True)
+    check_step(model, state, got)
+    check_step(model, state, want)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4 * np.abs(want[0]).max())
+
+
+@pytest.mark.parametrize("device", ["cpu", "npu"])
+def test_op_x_int8_equals_its_reference(device):
+    import anychip
+
+    anychip.reset_fallbacks()
+    model = dict(make_model(14, X_INT8_CASES["mixed"], True), x_int8=True)
+    state = make_state(14)
     got = op_step(model, state, device)
     assert not decoder_fallbacks()
     want = op_step(model, state, "cpu", reference=True)
@@ -428,3 +511,13 @@ def test_op_rejects_bad_input_naming_it():
         with pytest.raises(OpArgumentError) as info:
             call()
         assert message in str(info.value)
+
+
+def test_op_x_int8_rejects_groups_not_of_32():
+    from anychip.ops import OpArgumentError
+
+    model = dict(make_model(15, dict(dict.fromkeys(KINDS, FORMATS["int8-g32"]), down=(8, 16, False)), False),
+                 x_int8=True)
+    with pytest.raises(OpArgumentError, match=r"layers\[0\]\.down: x_int8 needs K and group_size to be multiples"):
+        op_weights(model, "cpu")
+    op_weights(dict(model, x_int8=False), "cpu")

@@ -388,3 +388,112 @@ def test_isa_path(isa):
     env = dict(os.environ, ANYCHIP_CPU_ISA=isa)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ---- x_int8: x quantized per run of 32, integer products ----------------------------------------
+
+def quantize_x_ref(x: np.ndarray):
+    """kernel.h's x_int8 quantization of x [M, K] (values exact in float32), in float32 as the
+    kernel does it: xq int64 [M, K], sx float32 [M, K / 32]."""
+    m, k = x.shape
+    runs = x.astype(np.float32).reshape(m, k // 32, 32)
+    sx = np.abs(runs).max(axis=2) / np.float32(127)
+    safe = np.where(sx > 0, sx, np.float32(1))
+    v = np.clip(runs / safe[..., None], np.float32(-127), np.float32(127))
+    xq = np.where(sx[..., None] > 0, round_half_away(v), 0)
+    return xq.reshape(m, k).astype(np.int64), sx.astype(np.float32)
+
+
+def x_int8_ref(x, q, scales, offsets, bias):
+    """(y, bound) in float64: y exactly as kernel.h states the x_int8 product (the integer sums
+    exact), bound the sum of the magnitudes of its float terms, which float32 error scales with
+    (a kernel may convert partial integer sums, so each product's magnitude counts)."""
+    m, k = x.shape
+    n, runs = q.shape[0], k // 32
+    xq, sx = quantize_x_ref(x)
+    xr, qr = xq.reshape(m, runs, 32), q.astype(np.int64).reshape(n, runs, 32)
+    sums = np.einsum("mrj,nrj->mnr", xr, qr)
+    magnitudes = np.einsum("mrj,nrj->mnr", np.abs(xr), np.abs(qr))
+    scale = sx.astype(np.float64)[:, None, :] * np.repeat(scales.astype(np.float64), runs // scales.shape[1], axis=1)
+    y, bound = (sums * scale).sum(axis=2), (magnitudes * np.abs(scale)).sum(axis=2)
+    if offsets is not None:
+        grouped = x.reshape(m, offsets.shape[1], -1)
+        y = y + grouped.sum(axis=2) @ offsets.T.astype(np.float64)
+        bound = bound + np.abs(grouped).sum(axis=2) @ np.abs(offsets.T.astype(np.float64))
+    if bias is not None:
+        y, bound = y + bias, bound + np.abs(bias)
+    return y, bound
+
+
+def check_x_int8(rng, m, k, n, dtype, bits, group_size, with_offsets, with_bias):
+    _, q, packed, scales = quantized_weight(rng, k, n, dtype, bits, group_size)
+    offsets = random_offsets(rng, scales) if with_offsets else None
+    x = rng.standard_normal((m, k)) * np.exp(rng.uniform(-2, 2, (m, k // 32)).repeat(32, axis=1))
+    x[0, :32] = 0.0  # a zero run: sx 0
+    x_stored = store(x, dtype)
+    weights, attrs = weight_args(packed, scales, offsets, bits, group_size)
+    attrs = (attrs + [0])[:3] + [1]
+    inputs, dts, bias = [x_stored] + weights, [dtype] + [""] * len(weights), None
+    if with_bias:
+        b_stored = store(rng.standard_normal(n), dtype)
+        bias = value(b_stored, dtype)
+        inputs.append(b_stored)
+        dts.append(dtype)
+    y = empty((m, n), dtype)
+    kernel("weight_only_linear").run_host(inputs, [y], attrs, dtypes=names(*dts, dtype))
+    want, bound = x_int8_ref(value(x_stored, dtype), q, scales, offsets, bias)
+    check_error(value(y, dtype), want, bound, dtype,
+                f"x_int8 m={m} k={k} bits={bits} group={group_size} offsets={with_offsets}")
+
+
+def x_int8_cases() -> None:
+    """bits 4 and 8, every usual group size, K with half chunks (4 bits: K % 128 == 64; 8 bits:
+    K % 64 == 32), M below, at and above a GEMV row block (for one ISA)."""
+    rng = np.random.default_rng(31)
+    ks = {4: (64, 192, 384), 8: (32, 96, 160, 384)}
+    for bits in (4, 8):
+        for group_size in (32, 64, 128, -1):
+            for k in ks[bits]:
+                if group_size != -1 and k % group_size:
+                    continue
+                for m, with_offsets in ((1, False), (3, True), (9, True), (1, True), (9, False)):
+                    check_x_int8(rng, m, k, 37, "float32", bits, group_size, with_offsets, with_bias=m == 3)
+    for dtype in ("bfloat16", "float16"):
+        check_x_int8(rng, 2, 256, 19, dtype, 4, 32, True, True)
+        check_x_int8(rng, 5, 160, 19, dtype, 8, -1, False, False)
+
+
+@pytest.mark.parametrize("isa", ["scalar", "avx512"])
+def test_x_int8_isa_path(isa):
+    code = ("import sys; sys.path.insert(0, {!r}); import test_kernels_quant as t; t.x_int8_cases()"
+            .format(os.path.dirname(__file__)))
+    env = dict(os.environ, ANYCHIP_CPU_ISA=isa)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_x_int8_is_the_float_product_within_its_quantization_error():
+    """Against the float product (no quantization of x): the error llama.cpp-style int8
+    activations cost, ~1e-3 relative for Gaussian x and weights (the test can fail if the
+    kernel mixes up the layout's halves, which the exact oracle would also catch)."""
+    rng = np.random.default_rng(4)
+    _, q, packed, scales = quantized_weight(rng, 512, 64, "float32", 4, 32)
+    x = rng.standard_normal((2, 512)).astype(np.float32)
+    y = empty((2, 64), "float32")
+    kernel("weight_only_linear").run_host([x, packed, scales], [y], [4, 32, 0, 1])
+    exact = x.astype(np.float64) @ dequantize(q, scales).T
+    assert 1e-4 < np.linalg.norm(y - exact) / np.linalg.norm(exact) < 1e-2
+
+
+def test_x_int8_rejects_runs_it_cannot_make():
+    x, y = np.zeros((2, 96), np.float32), np.zeros((2, 4), np.float32)
+    with pytest.raises(RuntimeError, match="x_int8 needs K and the group size to be multiples of 32"):
+        kernel("weight_only_linear").run_host([x, np.zeros((4, 96), np.int8), np.zeros((4, 6), np.float32)], [y],
+                                              [8, 16, 0, 1])
+    x = np.zeros((2, 80), np.float32)
+    with pytest.raises(RuntimeError, match="x_int8 needs K"):
+        kernel("weight_only_linear").run_host([x, np.zeros((4, 80), np.int8), np.zeros((4, 1), np.float32)], [y],
+                                              [8, -1, 0, 1])
+    with pytest.raises(RuntimeError, match="x_int8 must be 0 or 1"):
+        kernel("weight_only_linear").run_host([x, np.zeros((4, 80), np.int8), np.zeros((4, 1), np.float32)], [y],
+                                              [8, -1, 0, 2])

@@ -388,3 +388,54 @@ def test_weight_only_linear_with_offsets(device, dtype, m, n, k_blocks, bits, gr
     _compare_keep_f32(call, ref, arrays, device, dtype, ["x"] + (["bias"] if bias else []),
                       [rng.standard_normal((m, n))], "weight_only_linear", keep=("scales", "offsets"))
     assert not no_fallbacks("weight_only_linear")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOATS)
+@SETTINGS
+@given(m=st.integers(1, 12), n=st.integers(1, 70), k_blocks=st.integers(1, 6), bits=st.sampled_from([4, 8]),
+       group_size=st.sampled_from([-1, 32, 64]), offsets=st.booleans(), bias=st.booleans(), seed=st.integers(0, 99))
+def test_weight_only_linear_x_int8(device, dtype, m, n, k_blocks, bits, group_size, offsets, bias, seed):
+    """x quantized to int8 per run of 32 (forward only), against the reference's float64 math."""
+    rng = np.random.default_rng(seed)
+    k = (64 if bits == 4 else 32) * k_blocks
+    if group_size != -1 and k % group_size:
+        group_size = 32
+    qweight, scales = quantize_numpy(rng.standard_normal((k, n)) * 0.1, bits, group_size)
+    arrays = {"x": rng.standard_normal((m, k)), "qweight": qweight, "scales": scales}
+    keep = ["scales"]
+    if offsets:
+        arrays["offsets"] = (rng.uniform(-0.1, 0.05, scales.shape) + 8 * scales).astype(np.float32)
+        keep.append("offsets")
+    if bias:
+        arrays["bias"] = rng.standard_normal(n)
+    impl = _WeightOnly(bits, group_size, ("cpu", 0), bias, offsets, x_int8=True)
+
+    def call(**t):
+        y = ops.weight_only_linear(bits=bits, group_size=group_size, x_int8=True, **t)
+        assert y.stop_gradient
+        return y
+
+    _compare_keep_f32(call, lambda **t: impl.reference(**t), arrays, device, dtype, [], [], "weight_only_linear",
+                      keep=tuple(keep))
+    assert not no_fallbacks("weight_only_linear")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_weight_only_linear_x_int8_is_inference_only(device):
+    from anychip.ops import OpArgumentError
+
+    rng = np.random.default_rng(0)
+    qweight, scales = (tensor(a, device) for a in quantize_numpy(rng.standard_normal((96, 8)), 8, 32))
+    x = tensor(rng.standard_normal((2, 96)), device, "float32", grad=True)
+    with pytest.raises(OpArgumentError, match="x_int8 is inference-only"):
+        ops.weight_only_linear(x, qweight, scales, bits=8, group_size=32, x_int8=True)
+    with paddle().no_grad():
+        assert ops.weight_only_linear(x, qweight, scales, bits=8, group_size=32, x_int8=True).shape == [2, 8]
+    x = tensor(rng.standard_normal((2, 80)), device, "float32")
+    qweight, scales = (tensor(a, device) for a in quantize_numpy(rng.standard_normal((80, 8)), 8, -1))
+    with pytest.raises(OpArgumentError, match="K and group_size must be multiples of 32"):
+        ops.weight_only_linear(x, qweight, scales, bits=8, x_int8=True)
+    qweight, scales = (tensor(a, device) for a in quantize_numpy(rng.standard_normal((80, 8)), 8, 16))
+    with pytest.raises(OpArgumentError, match="got K=80, group_size=16"):
+        ops.weight_only_linear(x, qweight, scales, bits=8, group_size=16, x_int8=True)

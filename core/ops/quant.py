@@ -132,21 +132,41 @@ def _check_packed(op, x, qweight, scales, bias, bits, group_size, offsets=None):
     return x, qweight, scales, offsets, bias, device
 
 
+def _check_x_int8(op: str, k: int, group_size: int) -> None:
+    if k % 32 or (group_size != -1 and group_size % 32):
+        raise checks.OpArgumentError(
+            f"{op}: x_int8 quantizes x in runs of 32, so K and group_size must be multiples of 32 "
+            f"(or group_size -1), got K={k}, group_size={group_size}")
+
+
+def quantize_x_int8(x):
+    """x [..., K] quantized as weight_only_linear's x_int8 does it, per run of 32 along K, in
+    float32 with plain Paddle ops: (xq, sx), xq the int8 codes as float32 [..., K / 32, 32],
+    sx = absmax / 127 [..., K / 32, 1]."""
+    pd = paddle()
+    runs = x.astype("float32").reshape(list(x.shape[:-1]) + [x.shape[-1] // 32, 32])
+    sx = runs.abs().max(axis=-1, keepdim=True) / 127.0
+    # the quotient in float32 as the kernels compute it, rounded in float64 (exact)
+    quotient = (runs / pd.where(sx == 0, pd.ones_like(sx), sx)).astype("float64")
+    return pd.clip(_round_half_away(quotient), -127, 127).astype("float32"), sx
+
+
 class _WeightOnly(OpImpl):
-    """Its tensors: x, qweight, scales, then offsets and bias where the call has them."""
+    """Its tensors: x, qweight, scales, then offsets and bias where the call has them. With
+    ``x_int8`` forward only."""
 
     name = "weight_only_linear"
 
-    def __init__(self, bits, group_size, device, has_bias, has_offsets=False):
+    def __init__(self, bits, group_size, device, has_bias, has_offsets=False, x_int8=False):
         self.bits, self.group_size, self.device = bits, group_size, device
-        self.has_bias, self.has_offsets = has_bias, has_offsets
+        self.has_bias, self.has_offsets, self.x_int8 = has_bias, has_offsets, x_int8
 
     def _split(self, rest):
         """(offsets, bias) from the tensors after scales."""
         return rest[0] if self.has_offsets else None, rest[-1] if self.has_bias else None
 
     def _attrs(self):
-        return [self.bits, self.group_size, int(self.has_offsets)]
+        return [self.bits, self.group_size, int(self.has_offsets)] + ([1] if self.x_int8 else [])
 
     def forward(self, kernel, x, qweight, scales, *rest):
         y = empty(list(x.shape[:-1]) + [qweight.shape[0]], dtype_name(x), self.device)
@@ -159,7 +179,7 @@ class _WeightOnly(OpImpl):
         dy = grads[0].contiguous()
         k = qweight.shape[1] * (1 if self.bits == 8 else 2)
         dx = empty(list(dy.shape[:-1]) + [k], dtype_name(dy), self.device)
-        launch(kernel, self.name + "_grad", self.device, [dy, *saved], [dx], self._attrs())
+        launch(kernel, self.name + "_grad", self.device, [dy, *saved], [dx], self._attrs()[:3])
         dbias = None
         if self.has_bias:
             dbias = dy.astype("float32").reshape([-1, dy.shape[-1]]).sum(axis=0).astype(dy.dtype)
@@ -171,23 +191,59 @@ class _WeightOnly(OpImpl):
         pd = paddle()
         if rest:
             offsets, bias = self._split(rest)
-        w = dequantize(qweight, scales, self.bits, self.group_size, x.shape[-1], offsets)
+        k = x.shape[-1]
+        if self.x_int8:
+            return self._reference_x_int8(x, qweight, scales, offsets, bias)
+        w = dequantize(qweight, scales, self.bits, self.group_size, k, offsets)
         y = pd.matmul(x.astype("float32"), w, transpose_y=True)
         if bias is not None:
             y = y + bias.astype("float32")
         return y.astype(x.dtype)
 
+    def _reference_x_int8(self, x, qweight, scales, offsets, bias):
+        """kernel.h's x_int8 math in float64: sum over runs of scale * sx * (the integer sum of
+        q xq), which is (xq sx) (q scale)^T exactly up to float64 rounding; offsets times the
+        group sums of float x."""
+        pd = paddle()
+        k = x.shape[-1]
+        xq, sx = quantize_x_int8(x)
+        xd = (xq.astype("float64") * sx.astype("float64")).reshape(list(x.shape))
+        q = dequantize(qweight, pd.ones_like(scales), self.bits, self.group_size, k).astype("float64")
+        group = k if self.group_size == -1 else self.group_size
+        y = pd.matmul(xd, q * pd.repeat_interleave(scales.astype("float64"), group, axis=1), transpose_y=True)
+        if offsets is not None:
+            y = y + pd.matmul(x.astype("float64"),
+                              pd.repeat_interleave(offsets.astype("float64"), group, axis=1), transpose_y=True)
+        if bias is not None:
+            y = y + bias.astype("float64")
+        return y.astype(x.dtype)
 
-def weight_only_linear(x, qweight, scales, bias=None, bits: int = 8, group_size: int = -1, offsets=None):
+
+def weight_only_linear(x, qweight, scales, bias=None, bits: int = 8, group_size: int = -1, offsets=None,
+                       x_int8: bool = False):
     """``x @ W^T + bias`` with W stored quantized (from :func:`weight_quantize`, or converted from
     another format), dequantized on the fly: W = q * scales, plus ``offsets`` (float32 [N, G],
     one per group like scales) for asymmetric groups. x [..., K] float -> [..., N].
-    Differentiable with respect to x and bias, so LoRA adapters can train on a quantized base."""
+    Differentiable with respect to x and bias, so LoRA adapters can train on a quantized base.
+
+    ``x_int8``: an approximation for inference (as llama.cpp's quantized dot products): x is
+    quantized to int8 per run of 32 along K (its own scale absmax / 127 each) and multiplied with
+    the codes in integers; ~1e-3 relative error. K and group_size must be multiples of 32. Forward
+    only: x and bias must not require gradients while gradients are recorded."""
     op = "weight_only_linear"
     x, qweight, scales, offsets, bias, device = _check_packed(op, x, qweight, scales, bias, bits, group_size, offsets)
     tensors = tuple(t for t in (x, qweight, scales, offsets, bias) if t is not None)
-    impl = _WeightOnly(bits, group_size, device, bias is not None, offsets is not None)
-    return run(impl, device, dtype_name(x), *tensors)
+    impl = _WeightOnly(bits, group_size, device, bias is not None, offsets is not None, bool(x_int8))
+    if not x_int8:
+        return run(impl, device, dtype_name(x), *tensors)
+    _check_x_int8(op, x.shape[-1], group_size)
+    if paddle().is_grad_enabled() and any(not t.stop_gradient for t in (x, bias) if t is not None):
+        raise checks.OpArgumentError(
+            f"{op}: x_int8 is inference-only (no gradients through the int8 rounding); use x_int8=False to train, "
+            "or run under paddle.no_grad() / with stop_gradient inputs")
+    y = run(impl, device, dtype_name(x), *tensors, differentiable=False)
+    y.stop_gradient = True
+    return y
 
 
 class _W8A8(OpImpl):

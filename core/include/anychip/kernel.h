@@ -73,6 +73,15 @@
  *                    Offsets make a group asymmetric (GGUF Q4_1: scale d, offset m + 8 d);
  *                    weight_quantize never writes them. Group sizes: any divisor of K (the
  *                    GGUF formats use 32).
+ *                    Optional 4th attr x_int8 (absent: 0), an approximation for decoding as
+ *                    llama.cpp's quantized dot products make: with 1, each row of x is first
+ *                    quantized per run of 32 elements (K and group_size multiples of 32, or
+ *                    group_size -1, so that each run lies in one group): sx = absmax / 127,
+ *                    xq = clamp(round_half_away(x / sx), -127, 127) (sx 0: xq 0), and
+ *                    y[n] = sum over runs r of scales[n, g(r)] * sx[r] * sum_{k in r} q[n, k] xq[k]
+ *                           + sum_g offsets[n, g] * (sum of x over group g) + bias[n]
+ *                    (the integer sums exact, the float sums in any order). Forward only; relative
+ *                    error ~5e-3 against the float product for Gaussian x.
  *   weight_only_linear_grad: dy[..., N], qweight, scales, offsets? -> dx[..., K];
  *                    attrs: bits, group_size, has_offsets
  *   w8a8_linear:     x[..., K] float, qweight int8[N, K], scales f32[N, 1], bias[N]?
@@ -95,7 +104,8 @@
  *                    the attention of that layer reads slots [0, positions[b]] (pos < S).
  *                    attrs: L, Hq, Hk, D, F, eps, theta, has_qkv_bias, then (bits, group_size,
  *                    has_offsets) for each LIN kind in the order qkv, o, gate_up, down, head
- *                    (every layer shares the formats).
+ *                    (every layer shares the formats); then optionally x_int8 (absent: 0): the
+ *                    quantized LINs take x as weight_only_linear does with x_int8 = 1.
  *                    Math per layer (h the residual stream, starting at x): a = rms_norm(h) *
  *                    attn_norm (eps); q, k, v = split(a W_qkv^T + qkv_bias); RoPE on q and k as
  *                    rotary_embedding with theta at positions[b]; cache slot written; o =

@@ -7,7 +7,8 @@
 // does it, so results do not depend on the number of threads. The threads meet after each
 // phase that the next needs all of (decoder_step_team.h), five per layer: qkv, attention, o,
 // gate_up, down. The RMSNorms are tiny, so every thread computes them into its own buffer
-// instead of waiting for one thread; so is the merge of the attention blocks.
+// instead of waiting for one thread; so is the merge of the attention blocks, and with x_int8 the
+// quantization of each product's input.
 #include <omp.h>
 
 #include <algorithm>
@@ -41,7 +42,7 @@ struct Format {
 // Walks the inputs in kernel.h's order, checking each; the first mismatch is kept as `error`.
 class Inputs {
  public:
-  explicit Inputs(const AnychipKernelCall* call) : call_(call) {}
+  Inputs(const AnychipKernelCall* call, bool x_int8) : call_(call), x_int8_(x_int8) {}
 
   // The next input if it is a contiguous `dtype` tensor of `shape`, else null. `layer` -1: none.
   const void* take(int layer, const char* name, const char* part, int32_t dtype, std::initializer_list<int64_t> shape) {
@@ -92,6 +93,11 @@ class Inputs {
               "-bit weights in groups of " + std::to_string(f.group_size);
       return false;
     }
+    if (x_int8_ && (k % quant::XInt8::kRun != 0 || q.group % quant::XInt8::kRun != 0)) {
+      error = label(layer, name, "") + ": x_int8 needs K = " + std::to_string(k) + " and the group size " +
+              std::to_string(q.group) + " to be multiples of 32";
+      return false;
+    }
     q.groups = k / q.group;
     q.q = static_cast<const uint8_t*>(take(layer, name, "qweight", f.bits == 8 ? ANYCHIP_DTYPE_INT8 : ANYCHIP_DTYPE_UINT8,
                                            {n, f.bits == 8 ? k : k / 2}));
@@ -125,6 +131,7 @@ class Inputs {
   }
 
   const AnychipKernelCall* call_;
+  bool x_int8_;
   int next_ = 0;
 };
 
@@ -185,6 +192,10 @@ void run(const Step& st, float* scratch) {
       cs[b * D + half + i] = std::sin(f);
     }
   }
+  // Each thread's int8 form of the input of the product it is at (x_int8), sized beforehand.
+  std::vector<quant::XInt8> int8_buffers(static_cast<size_t>(st.threads));
+  if (m.x_int8)
+    for (quant::XInt8& buffer : int8_buffers) buffer.reserve(B, std::max({C, Hq * D, F}));
   std::vector<AttentionUnit> units;
   std::vector<int64_t> counts(static_cast<size_t>(B));  // blocks of each sequence
   for (int64_t b = 0; b < B; ++b) {
@@ -204,9 +215,11 @@ void run(const Step& st, float* scratch) {
     float* k = q + Hq * D;                                      // [Hk, D] rotated
     const decoder::Rows qkv_rows = team.rows(nqkv), c_rows = team.rows(C), f_rows = team.rows(F);
     const decoder::Rows v_rows = team.rows(m.v);
+    quant::XInt8& int8_buffer = int8_buffers[omp_get_thread_num()];
+    auto int8 = [&](const Lin& w, const float* in) { return decoder::int8_input(m, w, in, B, &int8_buffer, isa); };
     // h += in W^T over this thread's rows.
     auto add_product = [&](const Lin& w, const float* in) {
-      decoder::gemv(w, in, B, c_rows.begin, c_rows.end, tmp, C, isa);
+      decoder::gemv(w, in, int8(w, in), B, c_rows.begin, c_rows.end, tmp, C, isa);
       for (int64_t b = 0; b < B; ++b)
         for (int64_t n = c_rows.begin; n < c_rows.end; ++n) h[b * C + n] += tmp[b * C + n];
     };
@@ -217,7 +230,7 @@ void run(const Step& st, float* scratch) {
       float* vc = st.v_cache + l * B * st.s * slot;
       for (int64_t b = 0; b < B; ++b) decoder::rms_norm_row(h + b * C, layer.attn_norm, C, m.eps, a + b * C, isa);
 
-      decoder::gemv(layer.qkv, a, B, qkv_rows.begin, qkv_rows.end, qkv, nqkv, isa);
+      decoder::gemv(layer.qkv, a, int8(layer.qkv, a), B, qkv_rows.begin, qkv_rows.end, qkv, nqkv, isa);
       if (layer.qkv_bias != nullptr)
         for (int64_t b = 0; b < B; ++b)
           for (int64_t n = qkv_rows.begin; n < qkv_rows.end; ++n) qkv[b * nqkv + n] += layer.qkv_bias[n];
@@ -251,8 +264,9 @@ void run(const Step& st, float* scratch) {
       team.barrier();
       for (int64_t b = 0; b < B; ++b) decoder::rms_norm_row(h + b * C, layer.ffn_norm, C, m.eps, a + b * C, isa);
 
-      decoder::gemv(layer.gate_up, a, B, f_rows.begin, f_rows.end, gu, 2 * F, isa);
-      decoder::gemv(layer.gate_up, a, B, F + f_rows.begin, F + f_rows.end, gu, 2 * F, isa);
+      const quant::XInt8* aq = int8(layer.gate_up, a);
+      decoder::gemv(layer.gate_up, a, aq, B, f_rows.begin, f_rows.end, gu, 2 * F, isa);
+      decoder::gemv(layer.gate_up, a, aq, B, F + f_rows.begin, F + f_rows.end, gu, 2 * F, isa);
       for (int64_t b = 0; b < B; ++b)
         decoder::swiglu_row(gu + b * 2 * F + f_rows.begin, gu + b * 2 * F + F + f_rows.begin,
                             f_rows.end - f_rows.begin, act + b * F + f_rows.begin, isa);
@@ -263,7 +277,7 @@ void run(const Step& st, float* scratch) {
     }
 
     for (int64_t b = 0; b < B; ++b) decoder::rms_norm_row(h + b * C, m.final_norm, C, m.eps, a + b * C, isa);
-    decoder::gemv(m.head, a, B, v_rows.begin, v_rows.end, st.logits, m.v, isa);
+    decoder::gemv(m.head, a, int8(m.head, a), B, v_rows.begin, v_rows.end, st.logits, m.v, isa);
   }
 }
 
@@ -271,9 +285,10 @@ void run(const Step& st, float* scratch) {
 
 ANYCHIP_CPU_KERNEL(decoder_step) {
   constexpr const char* kOp = "decoder_step";
-  if (call->num_attrs != kFixedAttrs + kAttrsPerLin * kLinKinds)
-    return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: expected %d attrs, got %d", kOp,
-                kFixedAttrs + kAttrsPerLin * kLinKinds, call->num_attrs);
+  constexpr int kFormatAttrs = kFixedAttrs + kAttrsPerLin * kLinKinds;
+  if (call->num_attrs != kFormatAttrs && call->num_attrs != kFormatAttrs + 1)
+    return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: expected %d attrs (or %d with x_int8), got %d", kOp, kFormatAttrs,
+                kFormatAttrs + 1, call->num_attrs);
   if (call->num_inputs < 2 || call->num_outputs != 3)
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: expected x, positions, the weights -> logits, k_cache, v_cache", kOp);
   Model m;
@@ -285,6 +300,10 @@ ANYCHIP_CPU_KERNEL(decoder_step) {
   m.eps = static_cast<float>(attr(call, 5));
   m.theta = static_cast<float>(attr(call, 6));
   const bool has_bias = attr(call, 7) != 0.0;
+  const double x_int8 = attr(call, kFormatAttrs, 0.0);
+  if (x_int8 != 0.0 && x_int8 != 1.0)
+    return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: x_int8 must be 0 or 1, got %g", kOp, x_int8);
+  m.x_int8 = x_int8 == 1.0;
   if (m.layers < 1 || m.layers > call->num_inputs || m.hq < 1 || m.hk < 1 || m.hq % m.hk != 0 || m.d < 2 || m.d % 2 != 0 || m.f < 1 ||
       !(m.eps > 0.0f) || !(m.theta > 0.0f))
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED,
@@ -312,7 +331,7 @@ ANYCHIP_CPU_KERNEL(decoder_step) {
   m.v = logits.shape[1];
   const int64_t nqkv = (m.hq + 2 * m.hk) * m.d;
 
-  Inputs ins(call);
+  Inputs ins(call, m.x_int8);
   const float* x = ins.floats(-1, "x", "", {B, m.c});
   const auto* pos = static_cast<const int64_t*>(ins.take(-1, "positions", "", ANYCHIP_DTYPE_INT64, {B}));
   m.layer.resize(static_cast<size_t>(m.layers));

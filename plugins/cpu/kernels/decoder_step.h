@@ -34,13 +34,21 @@ struct Layer {
 struct Model {
   int64_t layers = 0, hq = 0, hk = 0, d = 0, f = 0, c = 0, v = 0;
   float eps = 0.0f, theta = 0.0f;
+  bool x_int8 = false;  // the quantized LINs take x quantized to int8 (weight_only_linear's x_int8)
   std::vector<Layer> layer;
   const float* final_norm = nullptr;
   Lin head;
 };
 
-// y[i * ldy + n] = sum_k x[i * K + k] W[n][k] (+ the offsets' share) for i < m, n in [n0, n1).
-void gemv(const Lin& w, const float* x, int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy, Isa isa);
+// y[i * ldy + n] = sum_k x[i * K + k] W[n][k] (+ the offsets' share) for i < m, n in [n0, n1);
+// with xq (x's int8 form, from int8_input) the symmetric part is the x_int8 product instead.
+void gemv(const Lin& w, const float* x, const quant::XInt8* xq, int64_t m, int64_t n0, int64_t n1, float* y,
+          int64_t ldy, Isa isa);
+
+// x [m][K] quantized into `buffer` for the products with w when the model takes x as int8 and
+// w is quantized; else null (float products).
+const quant::XInt8* int8_input(const Model& model, const Lin& w, const float* x, int64_t m, quant::XInt8* buffer,
+                               Isa isa);
 
 // y[i] = h[i] / sqrt(mean(h^2) + eps) * weight[i], i < c.
 void rms_norm_row(const float* h, const float* weight, int64_t c, float eps, float* y, Isa isa);

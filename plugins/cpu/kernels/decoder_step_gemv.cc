@@ -1,5 +1,6 @@
 // The decode step's products y = x W^T for a few rows of x: float32 W here, quantized W through
-// quant::gemv (which takes at most kGemvRows rows of x at a time) plus the offsets' share.
+// quant::gemv (which takes at most kGemvRows rows of x at a time) or, with x_int8, through
+// quant::gemv_int8x; plus the offsets' share.
 //
 // Float32 W is streamed once: a tile of four rows of W meets up to four rows of x at a time, the
 // tile staying in L1 while further rows of x pass. Every (x row, W row) pair sums its products
@@ -79,8 +80,21 @@ ANYCHIP_AVX512 void gemv_f32_avx512(const Lin& w, const float* x, int64_t m, int
 
 }  // namespace
 
-void gemv(const Lin& w, const float* x, int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy, Isa isa) {
+const quant::XInt8* int8_input(const Model& model, const Lin& w, const float* x, int64_t m, quant::XInt8* buffer,
+                               Isa isa) {
+  if (!model.x_int8 || w.bits == 0) return nullptr;
+  quant::quantize_x(x, m, w.k, w.bits, buffer, isa);
+  return buffer;
+}
+
+void gemv(const Lin& w, const float* x, const quant::XInt8* xq, int64_t m, int64_t n0, int64_t n1, float* y,
+          int64_t ldy, Isa isa) {
   if (n0 >= n1) return;
+  if (xq != nullptr) {
+    quant::gemv_int8x(w.q, *xq, n0, n1, y, ldy, isa);
+    quant::add_offsets(w.q, x, m, n0, n1, y, ldy);
+    return;
+  }
   if (w.bits == 0) {
     if (isa == Isa::kScalar) {
       gemv_f32_scalar(w, x, m, n0, n1, y, ldy);

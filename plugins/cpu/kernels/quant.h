@@ -32,6 +32,9 @@ struct QWeight {
   int bits = 8;
 
   int64_t row_bytes() const { return bits == 8 ? k : k / 2; }
+  // Room for m rows of k at either bit width, so that quantize_x then allocates nothing.
+  void reserve(int64_t m, int64_t k);
+
   const uint8_t* row(int64_t i) const { return q + i * row_bytes(); }
   const float* row_scales(int64_t i) const { return scales + i * groups; }
   const float* row_offsets(int64_t i) const { return offsets == nullptr ? nullptr : offsets + i * groups; }
@@ -94,6 +97,39 @@ void add_offsets(const QWeight& w, const float* x, int64_t m, int64_t n0, int64_
 // (sums[i * groups + g], M x groups floats), then the ranges. Same results as add_offsets.
 void group_sums(const QWeight& w, const float* x, int64_t m, float* sums);
 void add_offsets_sums(const QWeight& w, const float* sums, int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy);
+
+// ---- int8 activations (weight_only_linear's x_int8) --------------------------------------------
+
+// M rows of x quantized per run of 32 elements: sx = absmax / 127, xq = clamp(round_half_away(x /
+// sx), -127, 127) (sx 0: xq 0). quantize_x builds it for the bit width of the weights it is to
+// meet; gemv_int8x then reads it on any number of row ranges. K must be a multiple of 32.
+struct XInt8 {
+  static constexpr int64_t kRun = 32;
+  int bits = 4;
+  int64_t m = 0, k = 0;
+  std::vector<int8_t> q;       // [m][k]
+  std::vector<float> scale;    // [m][k / 32]: sx of each run
+  // The same rows laid out for the AVX-512 products (quant_gemv_int8x.cc), row_bytes each from
+  // the first 64-byte boundary of `packed`.
+  std::vector<uint8_t> packed;
+  int64_t row_bytes = 0;
+
+  // Room for m rows of k at either bit width, so that quantize_x then allocates nothing.
+  void reserve(int64_t m, int64_t k);
+
+  const uint8_t* row(int64_t i) const {
+    const auto base = (reinterpret_cast<uintptr_t>(packed.data()) + 63) & ~uintptr_t{63};
+    return reinterpret_cast<const uint8_t*>(base) + i * row_bytes;
+  }
+};
+
+void quantize_x(const float* x, int64_t m, int64_t k, int bits, XInt8* out, Isa isa);
+
+// y[i][n] = sum over runs r of scales[n][g(r)] * sx[i][r] * sum_{k in r} q[n][k] xq[i][k] for
+// i < x.m, n in [n0, n1): the symmetric part of the x_int8 product (add_offsets adds the
+// offsets' share, from float x). The integer sums are exact; each output's float arithmetic
+// depends only on M, not on [n0, n1). w.group must be a multiple of 32, w.bits that of x.
+void gemv_int8x(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float* y, int64_t ldy, Isa isa);
 
 // acc[i * ldacc + k - k0] += sum_n dy[i][n] W[n][k] for i < M, k in [k0, k1), W with its offsets;
 // dy float32 [M][N]. scratch holds 4 * (k1 - k0) floats.

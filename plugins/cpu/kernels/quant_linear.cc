@@ -6,8 +6,11 @@
 // dequantizes blocks of W into a scratch and runs a blocked product (quant_gemm.cc): AMX bf16
 // when x is bf16 and the CPU has AMX, AVX-512 FMA in float32 otherwise.
 //
-// Offsets: the float32 GEMV adds their share, offsets times the group sums of x, after the
-// symmetric product (quant_offsets.cc); every other path dequantizes W with them.
+// With x_int8 (attr 3), x is quantized to int8 per run of 32 and every M goes through the VNNI
+// GEMV (quant_gemv_int8x.cc), row blocks of kGemvRows in turn.
+//
+// Offsets: the float32 and int8-x GEMVs add their share, offsets times the group sums of (float)
+// x, after the symmetric product (quant_offsets.cc); every other path dequantizes W with them.
 #include <omp.h>
 
 #include <algorithm>
@@ -21,6 +24,12 @@ namespace {
 // Whether the call has offsets (attr 2, absent: no), or -1 if that attr is neither 0 nor 1.
 int offsets_attr(const AnychipKernelCall* call) {
   const double v = attr(call, 2, 0.0);
+  return v == 0.0 ? 0 : v == 1.0 ? 1 : -1;
+}
+
+// Whether x is quantized to int8 (attr 3, absent: no), or -1 if that attr is neither 0 nor 1.
+int x_int8_attr(const AnychipKernelCall* call) {
+  const double v = attr(call, 3, 0.0);
   return v == 0.0 ? 0 : v == 1.0 ? 1 : -1;
 }
 
@@ -105,6 +114,25 @@ void forward_gemv(const QWeight& w, const float* x, int64_t m, const AnychipTens
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t n0 = b * kGemvBlock, n1 = std::min(w.n, n0 + kGemvBlock);
     gemv(w, x, m, n0, n1, acc.data(), w.n, isa);
+    add_offsets_sums(w, sums.data(), m, n0, n1, acc.data(), w.n);
+    store_rows(y, w.n, 0, m, n0, n1 - n0, acc.data() + n0, w.n, bias, isa);
+  }
+}
+
+void forward_gemv_int8x(const QWeight& w, const float* x, int64_t m, const AnychipTensor& y, const float* bias,
+                        Isa isa, int threads) {
+  XInt8 xq;
+  quantize_x(x, m, w.k, w.bits, &xq, isa);
+  std::vector<float> acc(static_cast<size_t>(m * w.n)), sums;
+  if (w.offsets != nullptr) {
+    sums.resize(static_cast<size_t>(m * w.groups));
+    group_sums(w, x, m, sums.data());
+  }
+  const int64_t blocks = (w.n + kGemvBlock - 1) / kGemvBlock;
+#pragma omp parallel for num_threads(threads) schedule(dynamic)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t n0 = b * kGemvBlock, n1 = std::min(w.n, n0 + kGemvBlock);
+    gemv_int8x(w, xq, n0, n1, acc.data(), w.n, isa);
     add_offsets_sums(w, sums.data(), m, n0, n1, acc.data(), w.n);
     store_rows(y, w.n, 0, m, n0, n1 - n0, acc.data() + n0, w.n, bias, isa);
   }
@@ -265,6 +293,8 @@ ANYCHIP_CPU_KERNEL(weight_only_linear) {
   const char* what = "weight_only_linear";
   const int has_offsets = offsets_attr(call);
   if (has_offsets < 0) return fail(call, ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: has_offsets must be 0 or 1", what);
+  const int x_int8 = x_int8_attr(call);
+  if (x_int8 < 0) return fail(call, ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: x_int8 must be 0 or 1", what);
   const int bias_at = 3 + has_offsets;
   if (call->num_inputs < bias_at || call->num_outputs < 1)
     return fail(call, ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: expects x, qweight, scales, offsets?, bias? -> y", what);
@@ -277,6 +307,10 @@ ANYCHIP_CPU_KERNEL(weight_only_linear) {
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: tensors must be contiguous", what);
   QWeight w;
   if (AnychipStatus st = read_weight(call, 1, last_dim(x), &w, what); st != ANYCHIP_OK) return st;
+  if (x_int8 == 1 && (w.k % XInt8::kRun != 0 || w.group % XInt8::kRun != 0))
+    return fail(call, ANYCHIP_ERROR_UNSUPPORTED,
+                "%s: x_int8 needs K and the group size to be multiples of 32 (K = %lld, group %lld)", what,
+                static_cast<long long>(w.k), static_cast<long long>(w.group));
   const int64_t m = rows(x);
   if (m == 0 || w.n == 0) return ANYCHIP_OK;
   const Isa isa = anychip::cpu::isa();
@@ -287,6 +321,11 @@ ANYCHIP_CPU_KERNEL(weight_only_linear) {
     to_f32(bias->data, bias->dtype, w.n, bias_f.data(), isa);
   }
   const float* b = bias != nullptr ? bias_f.data() : nullptr;
+  if (x_int8 == 1) {
+    std::vector<float> buffer;
+    forward_gemv_int8x(w, as_f32(x, m * w.k, buffer, isa, nt), m, y, b, isa, nt);
+    return ANYCHIP_OK;
+  }
   if (isa == Isa::kAmx && x.dtype == ANYCHIP_DTYPE_BFLOAT16) {
     if (m >= kAmxGemvMinRows && gemv_amx_fits(w, m)) {
       forward_gemv_amx(w, x, m, y, b, isa, nt);
