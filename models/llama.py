@@ -40,10 +40,13 @@ class KVCache:
 
 class LlamaForCausalLM(paddle.nn.Layer):
     """A Llama-family causal LM on ``device``, built from a :class:`Checkpoint` (float or
-    anychip weight-only tensors, as the checkpoint holds them)."""
+    anychip weight-only tensors, as the checkpoint holds them). ``x_int8``: the fused decode
+    step feeds its quantized linears int8 activations (per run of 32, as llama.cpp's quantized
+    dot products do): faster, with logits ~5e-3 off the exact product; prefill stays exact."""
 
-    def __init__(self, checkpoint: Checkpoint, device: tuple[str, int] | str = ("cpu", 0)):
+    def __init__(self, checkpoint: Checkpoint, device: tuple[str, int] | str = ("cpu", 0), x_int8: bool = False):
         super().__init__()
+        self.x_int8 = x_int8
         if isinstance(device, str):
             name, _, index = device.partition(":")
             device = (name, int(index or 0))
@@ -157,5 +160,5 @@ class LlamaForCausalLM(paddle.nn.Layer):
                                        l.gate_up.fused(), l.down.fused()) for l in self.blocks]
             self._fused = ops.DecoderWeights(layers=layers, final_norm=self.norm, head=self.head.fused(),
                                              num_heads=c.num_heads, num_kv_heads=c.num_kv_heads,
-                                             eps=c.rms_eps, theta=c.rope_theta)
+                                             eps=c.rms_eps, theta=c.rope_theta, x_int8=self.x_int8)
         return self._fused

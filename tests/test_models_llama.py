@@ -210,3 +210,30 @@ def test_forward_continues_from_the_cache(device):
                         cache, start=4))
     for b in range(2):
         np.testing.assert_allclose(logits[b], oracle_logits(ckpt, list(seqs[b]))[4:], rtol=3e-4, atol=3e-4)
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_int8_activation_decode_stays_close_and_device_independent(weights):
+    """x_int8 decoding approximates the exact logits (activations quantized per 32 values) and,
+    being the same kernel everywhere, gives the same tokens on a simulated chip."""
+    from anychip_models.llama import KVCache, LlamaForCausalLM
+
+    ckpt = tiny_checkpoint(weights)
+    paddle()
+    model = LlamaForCausalLM(ckpt, ("cpu", 0), x_int8=True)
+    seq = [3, 14, 15, 92]
+    cache = KVCache(ckpt.config, 1, 8, ("cpu", 0))
+    model(ids_tensor([seq[:3]]), ids_tensor([[0, 1, 2]]), cache)
+    got = host(model.decode(ids_tensor([seq[3]]), ids_tensor([3]), cache))[0]
+    want = oracle_logits(ckpt, seq)[-1]
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert 0 < err < 3e-2, err
+
+    from anychip_models.generate import Generator
+    from anychip_models.sampling import SamplingParams
+
+    def tokens(device):
+        gen = Generator(LlamaForCausalLM(ckpt, (device, 0), x_int8=True), ckpt.tokenizer)
+        return gen.generate([[5, 9, 2]], SamplingParams(max_new_tokens=8, ignore_eos=True))[0][0].tokens
+
+    assert tokens("npu") == tokens("cpu")
