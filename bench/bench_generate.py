@@ -8,11 +8,15 @@ the memory roofline of decoding. The int4 weights (~75 MB) fit in this CPU's lar
 cache, so their share of DRAM bandwidth can pass 100%. Two anychip paths: GGUF weights kept in
 anychip's weight-only int8/int4 format ("native"), and dequantized to float32 ("float").
 
-Peer: llama.cpp (llama-cpp-python, same GGUF, same thread count) where it is installed; see
+Peer: llama.cpp (llama-cpp-python, same thread count) where it is installed, on the same GGUF
+beside the native path and on that GGUF dequantized to F32 beside the float path; see
 bench/requirements.txt for how to build it here.
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -92,6 +96,7 @@ class AnychipRun:
         from anychip_models.llama import KVCache
 
         self.pd, self.weights, self.model, self.dev = pd, weights, model, place("cpu", 0)
+        self.checkpoint = ckpt
         ids = np.array([prompt(ckpt)], dtype=np.int64)
         self.tokens = pd.to_tensor(ids, place=self.dev)
         self.positions = pd.to_tensor(np.arange(PROMPT_TOKENS, dtype=np.int64)[None], place=self.dev)
@@ -133,20 +138,72 @@ def test_anychip_decode(benchmark, bench, anychip_run):
               min_rounds=3, max_rounds=10, warmup=1, notes="one decoder_step launch per token")
 
 
+def test_anychip_decode_int8_activations(benchmark, bench, anychip_run):
+    """The opt-in approximate mode (--int8-activations): quantized weights meet int8 activations."""
+    from anychip_models.llama import LlamaForCausalLM
+
+    run = anychip_run
+    if run.weights != "native":
+        pytest.skip("int8 activations apply to quantized weights only")
+    exact = run.model
+    run.model = LlamaForCausalLM(run.checkpoint, ("cpu", 0), x_int8=True)
+    try:
+        run.prefill_logits = run.prefill()
+        bench.run(benchmark, run.cases[1], "anychip_x_int8", run.decode,
+                  label="anychip decoder_step, --int8-activations (approximate)", min_rounds=3, max_rounds=10,
+                  warmup=1, notes="activations quantized to int8 per 32 values before each quantized product")
+    finally:
+        run.model = exact
+
+
+def float32_gguf(src: Path, out_dir: Path) -> Path:
+    """``src`` with every tensor dequantized to F32 (the values anychip's float path runs), for
+    llama.cpp's float peer; written once into ``out_dir``, atomically."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+    from gguf.quants import dequantize
+
+    dest = out_dir / f"{src.stem}.F32.gguf"
+    if dest.exists():
+        return dest
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(f".tmp{os.getpid()}")
+    reader = GGUFReader(str(src))
+    writer = GGUFWriter(str(tmp), arch=None)
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF."):  # the header's own fields: the writer makes them
+            continue
+        kind = field.types[0]
+        writer.add_key_value(field.name, field.contents(), kind,
+                             sub_type=field.types[-1] if kind == GGUFValueType.ARRAY else None)
+    for t in reader.tensors:
+        writer.add_tensor(t.name, dequantize(t.data, t.tensor_type).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tmp.rename(dest)
+    return dest
+
+
 @pytest.fixture(scope="module")
-def llama_cpp_model(gguf_path):
+def llama_cpp_model(gguf_path, loaded, request):
+    """llama.cpp on the GGUF as shipped (Q4_1) beside anychip's native path, and on the same
+    weights dequantized to F32 beside anychip's float path."""
     try:
         from llama_cpp import Llama
     except ImportError:
         pytest.skip("llama-cpp-python is not installed (see bench/requirements.txt)")
-    return Llama(model_path=str(gguf_path), n_threads=THREADS, n_threads_batch=THREADS, n_ctx=1024,
-                 n_batch=PROMPT_TOKENS, verbose=False)
+    weights = loaded[0]
+    path = gguf_path if weights == "native" else float32_gguf(gguf_path, Path(request.config.getoption("--bench-out")))
+    llm = Llama(model_path=str(path), n_threads=THREADS, n_threads_batch=THREADS, n_ctx=1024,
+                n_batch=PROMPT_TOKENS, verbose=False)
+    return llm, "Q4_1 GGUF" if weights == "native" else "F32 GGUF (the Q4_1 file dequantized)"
 
 
 @pytest.mark.parametrize("phase", ["prefill", "decode"])
 def test_llama_cpp(benchmark, bench, loaded, llama_cpp_model, phase):
     """llama.cpp on the same GGUF and prompt, greedy, measured beside each anychip weight mode."""
-    llm = llama_cpp_model
+    llm, file_kind = llama_cpp_model
     weights, ckpt, _model = loaded
     prefill_case, decode_case = cases(weights, ckpt)
     ids = prompt(ckpt)
@@ -166,7 +223,7 @@ def test_llama_cpp(benchmark, bench, loaded, llama_cpp_model, phase):
             llm.eval([token])
             token = int(np.argmax(last_logits()))
 
-    label = f"llama.cpp (llama-cpp-python, Q4_1 GGUF, {THREADS} threads)"
+    label = f"llama.cpp (llama-cpp-python, {file_kind}, {THREADS} threads)"
     if phase == "decode":
         prefill()
         first = int(np.argmax(last_logits()))

@@ -8,7 +8,11 @@
 ``anychip.runtime`` drives devices without Paddle. Plugin authors: see ``anychip.hookspecs``.
 """
 
-from . import native
+from .host_threads import share_cores_between_openmp_runtimes
+
+share_cores_between_openmp_runtimes()  # before any OpenMP runtime loads (see host_threads)
+
+from . import native  # noqa: E402
 from .errors import HardwareRequiredError, PaddleImportOrderError, UnknownDeviceError
 from .fallback import fallback_counts, fallback_report, reset_fallbacks
 from .hookspecs import hookimpl

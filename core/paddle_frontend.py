@@ -19,6 +19,7 @@ from pathlib import Path
 from . import fallback
 from .errors import PaddleImportOrderError
 from .host_memory import keep_freed_host_memory
+from .host_threads import num_threads
 from .native import library_path
 from .plugins import registry
 
@@ -106,6 +107,9 @@ def import_paddle():
     # Paddle makes the first CustomDevice it loaded its default; stay on the CPU, like a plain
     # Paddle install, until anychip.set_device chooses.
     paddle.set_device("cpu")
+    # Paddle's import pins its CPU ops to one thread (OMP_NUM_THREADS=1); give them the threads
+    # anychip's kernels use, so a model mixing both runs neither half single-threaded.
+    paddle.base.core.set_num_threads(num_threads())
 
     _paddle = paddle
     return paddle

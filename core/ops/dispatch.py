@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 
 from .. import fallback
+from ..host_threads import num_threads
 from ..kernels import NativeKernel
 from ..paddle_frontend import bridge_library, device_of_place, import_paddle, paddle_device_string
 from ..paddle_frontend import place as _place
@@ -68,19 +68,6 @@ def descriptor(t, index: int) -> tuple:
 def _bridge_launch(name: str) -> int:
     lib = ctypes.CDLL(str(bridge_library(name)))
     return ctypes.cast(lib.anychip_bridge_launch, ctypes.c_void_p).value
-
-
-@functools.lru_cache(maxsize=None)
-def num_threads() -> int:
-    """Host threads a kernel may use: $ANYCHIP_NUM_THREADS, else the CPUs this process may run
-    on. Passed with every launch, because importing Paddle sets OMP_NUM_THREADS=1 and OpenMP's
-    own default would then depend on what happened to load first."""
-    raw = os.environ.get("ANYCHIP_NUM_THREADS", "")
-    if raw:
-        if not raw.isdigit() or int(raw) < 1:
-            raise ValueError(f"ANYCHIP_NUM_THREADS must be a positive integer, got {raw!r}")
-        return int(raw)
-    return len(os.sched_getaffinity(0))
 
 
 def _stream(device: tuple[str, int]) -> int:
