@@ -140,9 +140,9 @@ class Generator:
                 stats.decode_tokens += sum(not s.done for s in seqs)
                 picked = step(logits)
             stats.decode_s = time.perf_counter() - start
-        for s in seqs:
+        for i, s in enumerate(seqs):
             if not s.done:
                 s.out.finish_reason = "length"
             if on_text is not None and (piece := s.new_text()):
-                on_text(seqs.index(s), piece)
+                on_text(i, piece)
         return [s.out for s in seqs], stats

@@ -10,14 +10,15 @@ import numpy as np
 
 import anychip.ops as ops
 from anychip.ops.dispatch import place
+from anychip.paddle_frontend import import_paddle
 
 from .checkpoint import QuantWeight
 
+paddle = import_paddle()
+
 
 def to_device(array: np.ndarray, device: tuple[str, int]):
-    from anychip.paddle_frontend import import_paddle
-
-    tensor = import_paddle().to_tensor(np.ascontiguousarray(array), place=place(device))
+    tensor = paddle.to_tensor(np.ascontiguousarray(array), place=place(device))
     tensor.stop_gradient = True
     return tensor
 
@@ -56,9 +57,7 @@ class Linear:
 
     def __call__(self, x):
         if self.bits == 0:
-            from anychip.paddle_frontend import import_paddle
-
-            y = import_paddle().matmul(x, self.weight, transpose_y=True)
+            y = paddle.matmul(x, self.weight, transpose_y=True)
             return y if self.bias is None else y + self.bias
         return ops.weight_only_linear(x, self.weight, self.scales, self.bias, bits=self.bits,
                                       group_size=self.group_size, offsets=self.offsets)
@@ -73,27 +72,25 @@ class Embedding:
     are looked up, so a Q8_0 table stays 1 byte per weight in memory)."""
 
     def __init__(self, table: np.ndarray | QuantWeight, device):
-        self.quant = table if isinstance(table, QuantWeight) else None
-        if self.quant is None:
+        self.bits = table.bits if isinstance(table, QuantWeight) else 0
+        if self.bits == 0:
             self.table = to_device(table.astype(np.float32), device)
             self.dim = table.shape[1]
         else:
+            self.group_size = table.group_size
             self.table = to_device(table.qweight, device)
             self.scales = to_device(table.scales.astype(np.float32), device)
             self.offsets = None if table.offsets is None else to_device(table.offsets.astype(np.float32), device)
             self.dim = table.qweight.shape[1] * (1 if table.bits == 8 else 2)
 
     def __call__(self, ids):
-        from anychip.paddle_frontend import import_paddle
-
-        pd = import_paddle()
         flat = ids.reshape([-1])
-        if self.quant is None:
-            rows = pd.gather(self.table, flat)
+        if self.bits == 0:
+            rows = paddle.gather(self.table, flat)
         else:
-            offsets = None if self.offsets is None else pd.gather(self.offsets, flat)
-            rows = ops.dequantize(pd.gather(self.table, flat), pd.gather(self.scales, flat), self.quant.bits,
-                                  self.quant.group_size, self.dim, offsets=offsets)
+            offsets = None if self.offsets is None else paddle.gather(self.offsets, flat)
+            rows = ops.dequantize(paddle.gather(self.table, flat), paddle.gather(self.scales, flat), self.bits,
+                                  self.group_size, self.dim, offsets=offsets)
         return rows.reshape(list(ids.shape) + [self.dim])
 
 

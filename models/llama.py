@@ -140,7 +140,7 @@ class LlamaForCausalLM(paddle.nn.Layer):
     def _decode_one(self, token, pos: int, cache: KVCache, row: int):
         c = self.config
         h = self.embed(token.reshape([1, 1]))
-        positions = paddle.full([1, 1], pos, dtype="int64").to(place(self.device))
+        positions = paddle.to_tensor([[pos]], dtype="int64", place=place(self.device))
         for i, layer in enumerate(self.blocks):
             a = ops.rms_norm(h, layer.attn_norm, c.rms_eps)
             q, k, v = self._qkv(layer, a, positions, 1, 1)
