@@ -91,3 +91,19 @@ def test_output_cut_short_by_the_reader_is_not_an_error():
     proc.stdout.close()  # like `anychip ops | head -0`
     assert proc.wait(timeout=60) == 0
     assert "BrokenPipeError" not in proc.stderr.read()
+
+
+def test_a_command_package_that_fails_to_import_leaves_the_others_working(monkeypatch, capsys):
+    """Commands above the core come from entry points; a broken one is named, not fatal."""
+    import importlib.metadata as md
+
+    from anychip.cli import main as cli
+
+    broken = md.EntryPoint(name="broken", value="no_such_package.cli", group="anychip.commands")
+    real = md.entry_points
+    monkeypatch.setattr(md, "entry_points", lambda group: [*real(group=group), broken])
+    available = cli.commands()
+    assert "broken" not in available
+    assert {"devices", "ops", "generate", "chat", "models"} <= set(available)
+    assert "command 'broken' is unavailable: ModuleNotFoundError" in capsys.readouterr().err
+    assert cli.main(["ops"]) == 0
