@@ -82,11 +82,14 @@ def test_models_list_and_help():
         assert helped.returncode == 0 and "--device" in helped.stdout
 
 
-def test_chat_answers_each_turn_with_the_real_model():
-    proc = anychip("chat", "--max-new-tokens", "16", stdin="What is the capital of France?\n/reset\nSay hello.\n/exit\n")
+def test_chat_answers_follow_up_questions_with_the_real_model():
+    """The second question only makes sense with the first turn in the prompt."""
+    proc = anychip("chat", "--max-new-tokens", "16",
+                   stdin="What is the capital of France?\nAnd of Italy?\n/reset\nSay hello.\n/exit\n")
     assert proc.returncode == 0, proc.stderr
     answers = [line for line in proc.stdout.splitlines() if line.strip()]
-    assert len(answers) == 2 and "Paris" in answers[0], proc.stdout
+    assert len(answers) == 3, proc.stdout
+    assert "Paris" in answers[0] and "Rome" in answers[1], proc.stdout
 
 
 def test_chat_turns_carry_the_history():
