@@ -104,19 +104,19 @@ class AnychipRun:
         self.cache = KVCache(ckpt.config, 1, PROMPT_TOKENS + DECODE_TOKENS, ("cpu", 0))
         self.cases = cases(weights, ckpt)
 
-    def prefill(self):
+    def prefill(self, model):
         with self.pd.no_grad():
-            return self.model(self.tokens, self.positions, self.cache, last_index=self.last)
+            return model(self.tokens, self.positions, self.cache, last_index=self.last)
 
-    def decode(self):
-        """128 greedy steps after the prompt (each round overwrites the previous round's slots)."""
+    def decode(self, model, logits):
+        """128 greedy steps after the prompt whose last ``logits`` are given (each round
+        overwrites the previous round's cache slots)."""
         pd, dev = self.pd, self.dev
-        logits = self.prefill_logits
         with pd.no_grad():
             for n in range(DECODE_TOKENS):
                 token = pd.to_tensor(np.argmax(logits.numpy(), axis=-1).astype(np.int64), place=dev)
-                logits = self.model.decode(token, pd.to_tensor(np.array([PROMPT_TOKENS + n], np.int64), place=dev),
-                                           self.cache)
+                logits = model.decode(token, pd.to_tensor(np.array([PROMPT_TOKENS + n], np.int64), place=dev),
+                                      self.cache)
         return logits
 
 
@@ -127,15 +127,16 @@ def anychip_run(pd, loaded):
 
 def test_anychip_prefill(benchmark, bench, anychip_run):
     run = anychip_run
-    bench.run(benchmark, run.cases[0], "anychip", run.prefill, label=f"anychip ({run.weights} weights)",
+    bench.run(benchmark, run.cases[0], "anychip", lambda: run.prefill(run.model), label=f"anychip ({run.weights} weights)",
               min_rounds=3, max_rounds=10, warmup=1, notes=f"{THREADS} threads")
 
 
 def test_anychip_decode(benchmark, bench, anychip_run):
     run = anychip_run
-    run.prefill_logits = run.prefill()
-    bench.run(benchmark, run.cases[1], "anychip", run.decode, label=f"anychip fused decoder_step ({run.weights} weights)",
-              min_rounds=3, max_rounds=10, warmup=1, notes="one decoder_step launch per token")
+    start = run.prefill(run.model)
+    bench.run(benchmark, run.cases[1], "anychip", lambda: run.decode(run.model, start),
+              label=f"anychip fused decoder_step ({run.weights} weights)", min_rounds=3, max_rounds=10, warmup=1,
+              notes="one decoder_step launch per token")
 
 
 def test_anychip_decode_int8_activations(benchmark, bench, anychip_run):
@@ -145,15 +146,11 @@ def test_anychip_decode_int8_activations(benchmark, bench, anychip_run):
     run = anychip_run
     if run.weights != "native":
         pytest.skip("int8 activations apply to quantized weights only")
-    exact = run.model
-    run.model = LlamaForCausalLM(run.checkpoint, ("cpu", 0), x_int8=True)
-    try:
-        run.prefill_logits = run.prefill()
-        bench.run(benchmark, run.cases[1], "anychip_x_int8", run.decode,
-                  label="anychip decoder_step, --int8-activations (approximate)", min_rounds=3, max_rounds=10,
-                  warmup=1, notes="activations quantized to int8 per 32 values before each quantized product")
-    finally:
-        run.model = exact
+    model = LlamaForCausalLM(run.checkpoint, ("cpu", 0), x_int8=True)
+    start = run.prefill(model)
+    bench.run(benchmark, run.cases[1], "anychip_x_int8", lambda: run.decode(model, start),
+              label="anychip decoder_step, --int8-activations (approximate)", min_rounds=3, max_rounds=10,
+              warmup=1, notes="activations quantized to int8 per 32 values before each quantized product")
 
 
 def float32_gguf(src: Path, out_dir: Path) -> Path:
