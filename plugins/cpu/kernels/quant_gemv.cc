@@ -80,15 +80,6 @@ QUANT_INLINE void lookup_step(__m512 (&acc)[MR][NR], const __m512i (&codes)[NR],
   fma_step<MR, NR>(acc, wv, x, ldx);
 }
 
-template <int MR, int NR>
-QUANT_INLINE void store_sums(const __m512 (&acc)[MR][NR], int64_t n, float* y, int64_t ldy, bool first) {
-  for (int i = 0; i < MR; ++i)
-    for (int r = 0; r < NR; ++r) {
-      const float sum = _mm512_reduce_add_ps(acc[i][r]);
-      y[i * ldy + n + r] = first ? sum : y[i * ldy + n + r] + sum;
-    }
-}
-
 // The scales (and offsets, 0 without them) of the group starting at k, and where the next one
 // starts.
 template <int NR>

@@ -168,15 +168,6 @@ QUANT_INLINE void lane_fma(__m512 (&acc)[MR][NR], int i, int r, __m512i sums, __
   acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(sx, sw), acc[i][r]);
 }
 
-template <int MR, int NR>
-QUANT_INLINE void store_sums(const __m512 (&acc)[MR][NR], int64_t n, float* y, int64_t ldy, bool first) {
-  for (int i = 0; i < MR; ++i)
-    for (int r = 0; r < NR; ++r) {
-      const float sum = _mm512_reduce_add_ps(acc[i][r]);
-      y[i * ldy + n + r] = first ? sum : y[i * ldy + n + r] + sum;
-    }
-}
-
 // Rows n .. n + NR - 1 of 4-bit W against rows i0 .. i0 + MR - 1 of x over the chunks [c0, c1).
 // group[4c + j] is the group of run 4c + j.
 template <int MR, int NR>

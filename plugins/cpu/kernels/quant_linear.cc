@@ -102,8 +102,11 @@ constexpr int64_t kGemvBlock = 64;
 // From this many rows of bf16 x, AMX beats the float32 GEMV (which streams W alone at M <= 2).
 constexpr int64_t kAmxGemvMinRows = 3;
 
-void forward_gemv(const QWeight& w, const float* x, int64_t m, const AnychipTensor& y, const float* bias, Isa isa,
-                  int threads) {
+// y = x W^T (+ bias) over blocks of rows of W, `product(n0, n1, acc)` writing the symmetric part
+// of rows [n0, n1) into acc [M][N]; the offsets' share and the store are the same for every product.
+template <typename Product>
+void forward_blocks(const QWeight& w, const float* x, int64_t m, const AnychipTensor& y, const float* bias, Isa isa,
+                    int threads, Product&& product) {
   std::vector<float> acc(static_cast<size_t>(m * w.n)), sums;
   if (w.offsets != nullptr) {
     sums.resize(static_cast<size_t>(m * w.groups));
@@ -113,29 +116,24 @@ void forward_gemv(const QWeight& w, const float* x, int64_t m, const AnychipTens
 #pragma omp parallel for num_threads(threads) schedule(dynamic)
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t n0 = b * kGemvBlock, n1 = std::min(w.n, n0 + kGemvBlock);
-    gemv(w, x, m, n0, n1, acc.data(), w.n, isa);
+    product(n0, n1, acc.data());
     add_offsets_sums(w, sums.data(), m, n0, n1, acc.data(), w.n);
     store_rows(y, w.n, 0, m, n0, n1 - n0, acc.data() + n0, w.n, bias, isa);
   }
+}
+
+void forward_gemv(const QWeight& w, const float* x, int64_t m, const AnychipTensor& y, const float* bias, Isa isa,
+                  int threads) {
+  forward_blocks(w, x, m, y, bias, isa, threads,
+                 [&](int64_t n0, int64_t n1, float* acc) { gemv(w, x, m, n0, n1, acc, w.n, isa); });
 }
 
 void forward_gemv_int8x(const QWeight& w, const float* x, int64_t m, const AnychipTensor& y, const float* bias,
                         Isa isa, int threads) {
   XInt8 xq;
   quantize_x(x, m, w.k, w.bits, &xq, isa);
-  std::vector<float> acc(static_cast<size_t>(m * w.n)), sums;
-  if (w.offsets != nullptr) {
-    sums.resize(static_cast<size_t>(m * w.groups));
-    group_sums(w, x, m, sums.data());
-  }
-  const int64_t blocks = (w.n + kGemvBlock - 1) / kGemvBlock;
-#pragma omp parallel for num_threads(threads) schedule(dynamic)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t n0 = b * kGemvBlock, n1 = std::min(w.n, n0 + kGemvBlock);
-    gemv_int8x(w, xq, n0, n1, acc.data(), w.n, isa);
-    add_offsets_sums(w, sums.data(), m, n0, n1, acc.data(), w.n);
-    store_rows(y, w.n, 0, m, n0, n1 - n0, acc.data() + n0, w.n, bias, isa);
-  }
+  forward_blocks(w, x, m, y, bias, isa, threads,
+                 [&](int64_t n0, int64_t n1, float* acc) { gemv_int8x(w, xq, n0, n1, acc, w.n, isa); });
 }
 
 void forward_gemv_amx(const QWeight& w, const AnychipTensor& x, int64_t m, const AnychipTensor& y, const float* bias,

@@ -28,6 +28,17 @@ inline __mmask64 lanes64(int64_t n) {
   return n >= 64 ? ~__mmask64(0) : n <= 0 ? __mmask64(0) : (__mmask64(1) << n) - 1u;
 }
 
+// Each GEMV accumulator acc[i][r] (row i of x, row n + r of W) reduced into y, added to what y
+// holds unless this is the first pass over the columns.
+template <int MR, int NR>
+QUANT_AVX512 inline void store_sums(const __m512 (&acc)[MR][NR], int64_t n, float* y, int64_t ldy, bool first) {
+  for (int i = 0; i < MR; ++i)
+    for (int r = 0; r < NR; ++r) {
+      const float sum = _mm512_reduce_add_ps(acc[i][r]);
+      y[i * ldy + n + r] = first ? sum : y[i * ldy + n + r] + sum;
+    }
+}
+
 // The 16 values a 4-bit code stands for (code - 8), as vpermps indexes them.
 QUANT_AVX512 inline __m512 nibble_values() {
   return _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
