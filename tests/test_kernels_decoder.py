@@ -396,11 +396,16 @@ def decoder_fallbacks():
 @pytest.mark.parametrize("device", ["cpu", "npu"])
 @pytest.mark.parametrize("name", ["f32", "int4-g32-offsets", "int8-channel"])
 def test_op_equals_its_reference(device, name):
+    assert_op_matches_reference(make_model(11, dict.fromkeys(KINDS, FORMATS[name]), name != "f32"), make_state(11),
+                                device)
+
+
+def assert_op_matches_reference(model, state, device):
+    """The op's kernel on ``device`` (no fallback) and its Paddle reference both fit the oracle
+    and agree with each other."""
     import anychip
 
     anychip.reset_fallbacks()
-    model = make_model(11, dict.fromkeys(KINDS, FORMATS[name]), name != "f32")
-    state = make_state(11)
     got = op_step(model, state, device)
     assert not decoder_fallbacks()
     want = op_step(model, state, "cpu", reference=True)
@@ -411,17 +416,8 @@ def test_op_equals_its_reference(device, name):
 
 @pytest.mark.parametrize("device", ["cpu", "npu"])
 def test_op_x_int8_equals_its_reference(device):
-    import anychip
-
-    anychip.reset_fallbacks()
-    model = dict(make_model(14, X_INT8_CASES["mixed"], True), x_int8=True)
-    state = make_state(14)
-    got = op_step(model, state, device)
-    assert not decoder_fallbacks()
-    want = op_step(model, state, "cpu", reference=True)
-    check_step(model, state, got)
-    check_step(model, state, want)
-    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4 * np.abs(want[0]).max())
+    assert_op_matches_reference(dict(make_model(14, X_INT8_CASES["mixed"], True), x_int8=True), make_state(14),
+                                device)
 
 
 def test_op_without_a_kernel_runs_its_reference_counted(monkeypatch):
