@@ -50,6 +50,7 @@ class _Sequence:
     def __init__(self, prompt: list[int], tokenizer, params: SamplingParams):
         self.prompt, self.tokenizer, self.params = prompt, tokenizer, params
         self.out = Completion(prompt_tokens=len(prompt))
+        self.detokenizer = tokenizer.stream_decoder()  # text grows by whole characters only
         self.streamed = 0
         self.hold = max((len(s) for s in params.stop), default=1) - 1
 
@@ -59,25 +60,25 @@ class _Sequence:
 
     def add(self, token: int) -> None:
         """Appends ``token`` and decides whether the sequence has ended."""
-        eos = not self.params.ignore_eos and token in self.tokenizer.eos_ids
-        if not eos:
-            self.out.tokens.append(token)
-            self.out.text = self.tokenizer.decode(self.out.tokens)
-        stop_at = min((i for i in (self.out.text.find(s) for s in self.params.stop) if i >= 0), default=-1)
+        if not self.params.ignore_eos and token in self.tokenizer.eos_ids:
+            self.out.finish_reason = "stop"
+            return
+        self.out.tokens.append(token)
+        piece = self.detokenizer.feed(token)
+        self.out.text += piece
+        since = max(0, len(self.out.text) - len(piece) - self.hold)  # a stop string can only end in the piece
+        stop_at = min((i for i in (self.out.text.find(s, since) for s in self.params.stop) if i >= 0), default=-1)
         if stop_at >= 0:
             self.out.text = self.out.text[:stop_at]
-        if eos or stop_at >= 0:
             self.out.finish_reason = "stop"
         elif len(self.out.tokens) >= self.params.max_new_tokens:
             self.out.finish_reason = "length"
 
     def new_text(self) -> str:
-        """Text that is final now: not a possible start of a stop string, nor half a character."""
+        """Text that is final now: not a possible start of a stop string."""
         end = len(self.out.text)
         if not self.done:
             end -= self.hold
-            while end > self.streamed and self.out.text[end - 1] == "\ufffd":
-                end -= 1
         piece = self.out.text[self.streamed:end] if end > self.streamed else ""
         self.streamed += len(piece)
         return piece
