@@ -49,11 +49,9 @@ class Linear:
             self.weight = to_device(weight.qweight, device)
             self.scales = to_device(weight.scales.astype(np.float32), device)
             self.offsets = None if weight.offsets is None else to_device(weight.offsets.astype(np.float32), device)
-            self.out_features = weight.qweight.shape[0]
         else:
             self.bits, self.group_size, self.scales, self.offsets = 0, -1, None, None
             self.weight = to_device(weight.astype(np.float32), device)
-            self.out_features = weight.shape[0]
 
     def __call__(self, x):
         if self.bits == 0:
