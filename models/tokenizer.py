@@ -160,6 +160,50 @@ class Tokenizer:
                    extra_eos_ids=generation_eos if isinstance(generation_eos, list) else [generation_eos],
                    pad_id=token_id("pad_token"), chat_template=template, add_bos=add_bos)
 
+    def to_files(self) -> dict[str, bytes]:
+        """tokenizer.json, tokenizer_config.json and generation_config.json: the tokenizer files of a
+        Hugging Face folder, which :meth:`from_hf_folder` reads back as this tokenizer (same ids,
+        special tokens, bos/eos/pad, add_bos and chat template)."""
+        from tokenizers import processors
+
+        backend = tokenizers.Tokenizer.from_str(self._backend.to_str())  # a copy: self stays as it is
+        bos = self.bos_id
+
+        def puts_bos() -> bool:  # as from_hf_folder decides add_bos: the post-processor puts bos first
+            return bos is not None and backend.encode("a", add_special_tokens=True).ids[:2] == \
+                [bos, *backend.encode("a", add_special_tokens=False).ids[:1]]
+
+        if self.add_bos and not puts_bos():
+            template = processors.TemplateProcessing(single=[self.bos_token, "$A"],
+                                                     pair=[self.bos_token, "$A", self.bos_token, "$B"],
+                                                     special_tokens=[(self.bos_token, bos)])
+            existing = backend.post_processor
+            backend.post_processor = template if existing is None else processors.Sequence([existing, template])
+        elif not self.add_bos and puts_bos():
+            backend.post_processor = None
+
+        def token(token_id: int | None) -> str | None:
+            return None if token_id is None else backend.id_to_token(token_id)
+
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": self.add_bos,
+                  "add_eos_token": False, "clean_up_tokenization_spaces": False}
+        eos_id = None if not self.eos_token else backend.token_to_id(self.eos_token)
+        for key, token_id in (("bos_token", bos), ("eos_token", eos_id), ("pad_token", self.pad_id)):
+            text = token(token_id)
+            # a token string naming another id (duplicate vocabulary entries) would load as that id
+            if text is not None and backend.token_to_id(text) == token_id:
+                config[key] = text
+        if self.chat_template:
+            config["chat_template"] = self.chat_template
+        generation = {"bos_token_id": bos, "eos_token_id": sorted(self.eos_ids), "pad_token_id": self.pad_id}
+        generation = {key: value for key, value in generation.items() if value not in (None, [])}
+
+        def dump(value: dict) -> bytes:
+            return (json.dumps(value, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+        return {"tokenizer.json": backend.to_str().encode("utf-8"), "tokenizer_config.json": dump(config),
+                "generation_config.json": dump(generation)}
+
     # ---- text <-> ids -------------------------------------------------------------------------
 
     @property
