@@ -11,6 +11,7 @@ from .attention import attention, flashmask_attention, flashmask_dense_mask, ref
 from .checks import OpArgumentError
 from .decoder import DecoderLayer, DecoderWeights, Linear, decoder_step
 from .dispatch import KernelError
+from .linear import linear
 from .norm import rms_norm
 from .optim import adamw_step
 from .quant import dequantize, w8a8_linear, weight_only_linear, weight_quantize
@@ -20,6 +21,7 @@ from .swiglu import swiglu
 
 __all__ = [
     "OPS", "DecoderLayer", "DecoderWeights", "KernelError", "Linear", "OpArgumentError", "adamw_step", "masks",
-    "attention", "decoder_step", "dequantize", "flashmask_attention", "flashmask_dense_mask", "reference_attention",
-    "rms_norm", "rotary_embedding", "support_table", "swiglu", "w8a8_linear", "weight_only_linear", "weight_quantize",
+    "attention", "decoder_step", "dequantize", "flashmask_attention", "flashmask_dense_mask", "linear",
+    "reference_attention", "rms_norm", "rotary_embedding", "support_table", "swiglu", "w8a8_linear",
+    "weight_only_linear", "weight_quantize",
 ]

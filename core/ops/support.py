@@ -44,6 +44,8 @@ OPS = {s.name: s for s in (
     OpSpec("swiglu", "silu(gate) * up", _FLOATS, True, _TOL),
     OpSpec("attention", "flash attention, GQA, causal/bool mask, returns LSE", _FLOATS, True, _ATTN_TOL),
     OpSpec("flashmask_attention", "FlashMask column-sparse masked attention", _FLOATS, True, _ATTN_TOL),
+    OpSpec("linear", "float linear y = x W^T + b, fwd+bwd", _FLOATS, True,
+           {"float32": (1e-4, 1e-4), "bfloat16": (2e-2, 5e-2), "float16": (4e-3, 4e-3)}),
     OpSpec("weight_quantize", "symmetric int8/int4 weight packing, per channel or group", _FLOATS, False, _TOL),
     OpSpec("weight_only_linear", "x @ dequant(W)^T, int8/int4 weights (+ group offsets), grad wrt x", _FLOATS, True,
            {"float32": (1e-4, 1e-4), "bfloat16": (2e-2, 5e-2), "float16": (4e-3, 4e-3)}),

@@ -19,6 +19,7 @@ HOST_KERNELS = {
     "swiglu": ("swiglu", "swiglu_grad", _FLOATS),
     "attention": ("attention", "attention_grad", _FLOATS),
     "flashmask_attention": ("flashmask_attention", "flashmask_attention_grad", _FLOATS),
+    "linear": ("linear", "linear_grad", _FLOATS),
     "weight_quantize": ("weight_quantize", None, _FLOATS),
     "weight_only_linear": ("weight_only_linear", "weight_only_linear_grad", _FLOATS),
     "w8a8_linear": ("w8a8_linear", None, _FLOATS),

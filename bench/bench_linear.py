@@ -1,0 +1,67 @@
+"""Float linear layers for training at SmolLM2-135M's shapes, M = 512 tokens: the attention / MLP
+projections (K=576 -> N=1536, K=1536 -> N=576) and the vocabulary head (K=576 -> N=49152).
+
+Compute-bound: TFLOP/s (2 M N K per product; the backward is two products, dx and dW) against
+the documented peak of the path anychip takes (AMX-BF16 for bf16, AVX-512 FP32 for fp32), and
+time against Paddle's fp32 matmul measured in the same run (the CPU wheel has no bf16 matmul).
+Weights and activations stay hot in cache between rounds, as within a training step.
+"""
+
+import numpy as np
+import pytest
+
+import anychip.ops as ops
+from benchlib import Case, FasterThan, host_tensor
+
+M = 512
+SHAPES = [(576, 1536), (1536, 576), (576, 49152)]  # (K, N)
+DIRECTIONS = {"fwd": 1, "bwd": 2, "fwd+bwd": 3}  # products of 2 M N K FLOPs each
+PEAK = {"float32": "avx512_fp32", "bfloat16": "amx_bf16"}
+SHORT = {"float32": "fp32", "bfloat16": "bf16"}
+
+
+def case(k, n, direction, dtype):
+    targets = (FasterThan("paddle_fp32", 3.0, "paddle fp32 matmul"),) \
+        if dtype == "bfloat16" and direction == "fwd+bwd" else ()
+    what = {"fwd": "y = x W^T", "bwd": "dx = dy W and dW = dy^T x", "fwd+bwd": "the forward, then both grads"}
+    return Case(f"linear {direction} {SHORT[dtype]} M={M} K={k} N={n}", "compute",
+                2.0 * M * n * k * DIRECTIONS[direction], peak=PEAK[dtype], targets=targets,
+                note=f"FLOPs: 2*M*N*K per product ({what[direction]}); all of x and W need grads; "
+                     "the paddle row is fp32 in every case")
+
+
+def _arrays(k, n):
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal((M, k), dtype=np.float32), rng.standard_normal((n, k), dtype=np.float32) * 0.05,
+            rng.standard_normal((M, n), dtype=np.float32))
+
+
+def _timed(pd, direction, forward, x, w, dy):
+    """The work of ``direction`` for a differentiable ``forward(x, w)``."""
+    if direction == "fwd":
+        def fn():
+            with pd.no_grad():
+                return forward(x, w)
+        return fn
+    if direction == "bwd":
+        y = forward(x, w)
+        return lambda: pd.grad([y], [x, w], [dy], retain_graph=True)
+    return lambda: pd.grad([forward(x, w)], [x, w], [dy])
+
+
+@pytest.mark.parametrize("direction", list(DIRECTIONS))
+@pytest.mark.parametrize("k,n", SHAPES)
+@pytest.mark.parametrize("impl", ["anychip_fp32", "anychip_bf16", "paddle_fp32"])
+def test_linear(benchmark, bench, pd, impl, k, n, direction):
+    xa, wa, dya = _arrays(k, n)
+    if impl == "paddle_fp32":
+        x, w, dy = host_tensor(xa, grad=True), host_tensor(wa, grad=True), host_tensor(dya)
+        fn = _timed(pd, direction, lambda x, w: pd.matmul(x, w, transpose_y=True), x, w, dy)
+        bench.run(benchmark, case(k, n, direction, "bfloat16"), impl, fn, label="paddle fp32 matmul", min_rounds=3,
+                  also=[case(k, n, direction, "float32")])
+        return
+    dtype = "bfloat16" if impl == "anychip_bf16" else "float32"
+    x, w, dy = host_tensor(xa, dtype, grad=True), host_tensor(wa, dtype, grad=True), host_tensor(dya, dtype)
+    fn = _timed(pd, direction, ops.linear, x, w, dy)
+    bench.run(benchmark, case(k, n, direction, dtype), "anychip", fn, label=f"anychip ops.linear {SHORT[dtype]}",
+              min_rounds=3)
