@@ -66,18 +66,22 @@ setup(
     package_dir={"anychip": "core", "anychip_plugins": "plugins", "anychip_models": "models"},
     packages=["anychip", "anychip.runtime", "anychip.cli", "anychip.ops",
               "anychip_plugins", "anychip_plugins.cpu", "anychip_plugins.gpu", "anychip_plugins.xpu",
-              "anychip_plugins.npu", "anychip_plugins.gcu", "anychip_plugins.dcu", "anychip_models", "anychip_models.cli"],
-    package_data={"anychip": ["include/anychip/*.h", "templates/plugin/*", "templates/plugin/*/*"]},
+              "anychip_plugins.npu", "anychip_plugins.gcu", "anychip_plugins.dcu", "anychip_models", "anychip_models.cli",
+              "anychip_models.training"],
+    package_data={"anychip": ["include/anychip/*.h", "templates/plugin/*", "templates/plugin/*/*"],
+                  "anychip_models": ["training/sample_data/*.jsonl", "training/sample_data/*.json"]},
     ext_modules=[Extension(name, sources=[]) for name, _var in LIBRARIES],
     cmdclass={"build_ext": CMakeBuild},
     install_requires=["numpy", "pluggy>=1.3", "paddlepaddle==3.3.1", "gguf>=0.19,<0.20", "tokenizers>=0.15", "jinja2>=3.1",
-                      "safetensors>=0.4", "tqdm>=4.60"],
+                      "safetensors>=0.4", "tqdm>=4.60", "matplotlib>=3.5"],
     entry_points={
         "console_scripts": ["anychip = anychip.cli.main:main"],
         "anychip.commands": [
             "generate = anychip_models.cli.generate",
             "chat = anychip_models.cli.chat",
             "models = anychip_models.cli.manage",
+            "finetune = anychip_models.cli.finetune",
+            "lora = anychip_models.cli.lora",
         ],
         "anychip.plugins": [
             f"{chip} = anychip_plugins.{chip}" for chip in ("cpu", "gpu", "xpu", "npu", "gcu", "dcu")

@@ -115,14 +115,18 @@ def tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def load_checkpoint(path: str | Path, weights: str = "float") -> Checkpoint:
-    """A .gguf file or a Hugging Face folder (config.json, *.safetensors, tokenizer.json); a
-    folder's weights are float already, so both modes give float32 for it."""
+    """A .gguf file, a Hugging Face folder (config.json, *.safetensors, tokenizer.json) or a LoRA
+    adapter folder (merged into its base model); a folder's weights are float already, so both
+    modes give float32 for it."""
     if weights not in WEIGHT_MODES:
         raise ValueError(f"weights must be one of {', '.join(WEIGHT_MODES)}, got {weights!r}")
     path = Path(path)
     if path.is_dir():
         from .hf_folder import load_hf_folder
+        from .lora import is_adapter, load_merged
 
+        if is_adapter(path):
+            return load_merged(path, weights)
         return load_hf_folder(path)
     if path.is_file():
         from .gguf_file import load_gguf

@@ -39,8 +39,21 @@ def concat_rows(parts: list) -> np.ndarray | QuantWeight:
         offsets=None if first.offsets is None else np.concatenate([p.offsets for p in parts]))
 
 
+def matmul(x, weight, bias=None, compute_dtype: str = "float32"):
+    """``x W^T (+ bias)`` for float32 x and W through the ``linear`` op; ``compute_dtype``
+    bfloat16 rounds both to bfloat16 for the product (AMX where the CPU has it), summing and
+    returning float32, as mixed-precision training does."""
+    if compute_dtype == "float32":
+        return ops.linear(x, weight, bias)
+    y = ops.linear(x.astype(compute_dtype), weight.astype(compute_dtype)).astype("float32")
+    return y if bias is None else y + bias
+
+
 class Linear:
-    """``y = x W^T (+ bias)`` for W [N, K] held as float32 or in anychip's weight-only format."""
+    """``y = x W^T (+ bias)`` for W [N, K] held as float32 or in anychip's weight-only format.
+    ``compute_dtype``: the dtype of a float weight's product (see :func:`matmul`)."""
+
+    compute_dtype = "float32"
 
     def __init__(self, weight: np.ndarray | QuantWeight, device, bias: np.ndarray | None = None):
         self.bias = None if bias is None else to_device(bias.astype(np.float32), device)
@@ -55,8 +68,11 @@ class Linear:
 
     def __call__(self, x):
         if self.bits == 0:
-            y = paddle.matmul(x, self.weight, transpose_y=True)
-            return y if self.bias is None else y + self.bias
+            return matmul(x, self.weight, self.bias, self.compute_dtype)
+        if self.compute_dtype != "float32":
+            bias = None if self.bias is None else self.bias.astype(self.compute_dtype)
+            return ops.weight_only_linear(x.astype(self.compute_dtype), self.weight, self.scales, bias, bits=self.bits,
+                                          group_size=self.group_size, offsets=self.offsets).astype("float32")
         return ops.weight_only_linear(x, self.weight, self.scales, self.bias, bits=self.bits,
                                       group_size=self.group_size, offsets=self.offsets)
 

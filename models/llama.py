@@ -19,6 +19,12 @@ from .layers import DecoderLayer, Embedding, Linear, concat_rows, to_device
 paddle = import_paddle()
 
 
+def _recompute(fn, *args):
+    from paddle.distributed.fleet.utils import recompute  # a slow import, only for training
+
+    return recompute(fn, *args, use_reentrant=True)
+
+
 class KVCache:
     """Keys and values of every layer for B sequences of up to S tokens, allocated once on the
     device: [L, B, S, Hk, D] each (the layout decoder_step updates in place)."""
@@ -73,31 +79,58 @@ class LlamaForCausalLM(paddle.nn.Layer):
 
     # ---- op by op: prefill, and decode where the device has no decoder_step kernel ----------
 
-    def forward(self, tokens, positions, cache: KVCache | None = None, start: int = 0, last_index=None):
+    def forward(self, tokens, positions, cache: KVCache | None = None, start: int = 0, last_index=None,
+                startend_row_indices=None, rows=None, recompute: bool = False):
         """Logits for ``tokens`` [B, T] at ``positions`` [B, T] (int64). With ``cache``, the
         tokens' keys and values are written at slots ``start .. start + T`` and attention reads
         slots ``0 .. start + T`` (causal). ``last_index`` [B] (int64): return only the logits of
-        those positions, [B, V], as generation needs, instead of [B, T, V]."""
+        those positions, [B, V], as generation needs, instead of [B, T, V].
+
+        Training: ``startend_row_indices`` [B, 1, T, 1] (int32) is the FlashMask of packed
+        sequences (causal within each document, nothing across); ``rows`` [R] (int64) returns
+        only the logits of those flattened positions (b * T + t), [R, V], the ones with a loss;
+        ``recompute`` frees each layer's activations after its forward and recomputes them in
+        the backward (activation checkpointing)."""
         c = self.config
         b, t = tokens.shape
         h = self.embed(tokens)
         residual = None
         for i, layer in enumerate(self.blocks):
-            if residual is None:
-                a = ops.rms_norm(h, layer.attn_norm, c.rms_eps)
+            def block(h, residual, i=i, layer=layer):
+                return self._block(i, layer, h, residual, positions, cache, start, startend_row_indices)
+
+            # The first layer hands its input h through unchanged, which Paddle's recompute
+            # cannot return; it keeps its activations (1/L of them).
+            if recompute and residual is not None:
+                h, residual = _recompute(block, h, residual)
             else:
-                a, h = ops.rms_norm(h, layer.attn_norm, c.rms_eps, residual=residual)
-            q, k, v = self._qkv(layer, a, positions, b, t)
-            attn = self._attend(i, q, k, v, cache, start)
-            residual = layer.o(attn.reshape([b, t, c.num_heads * c.head_dim]))
-            m, h = ops.rms_norm(h, layer.ffn_norm, c.rms_eps, residual=residual)
-            gate, up = paddle.split(layer.gate_up(m), 2, axis=-1)
-            residual = layer.down(ops.swiglu(gate, up))
+                h, residual = block(h, residual)
         h = h + residual
         if last_index is not None:
             h = paddle.take_along_axis(h, last_index.reshape([b, 1, 1]).expand([b, 1, c.hidden_size]), axis=1)
             h = h.reshape([b, c.hidden_size])
+        elif rows is not None:
+            h = paddle.gather(h.reshape([b * t, c.hidden_size]), rows)
         return self.head(ops.rms_norm(h, self.norm, c.rms_eps))
+
+    def _block(self, i: int, layer: DecoderLayer, h, residual, positions, cache, start, startend_row_indices):
+        """One decoder layer: returns the new (h, residual), the residual add of its MLP output
+        left to the next layer's fused norm."""
+        c = self.config
+        b, t = h.shape[0], h.shape[1]
+        if residual is None:
+            a = ops.rms_norm(h, layer.attn_norm, c.rms_eps)
+        else:
+            a, h = ops.rms_norm(h, layer.attn_norm, c.rms_eps, residual=residual)
+        q, k, v = self._qkv(layer, a, positions, b, t)
+        if startend_row_indices is not None:
+            attn = ops.flashmask_attention(q, k, v, startend_row_indices, causal=True)
+        else:
+            attn = self._attend(i, q, k, v, cache, start)
+        residual = layer.o(attn.reshape([b, t, c.num_heads * c.head_dim]))
+        m, h = ops.rms_norm(h, layer.ffn_norm, c.rms_eps, residual=residual)
+        gate, up = paddle.split(layer.gate_up(m), 2, axis=-1)
+        return h, layer.down(ops.swiglu(gate, up))
 
     def _qkv(self, layer: DecoderLayer, a, positions, b: int, t: int):
         c = self.config

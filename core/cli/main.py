@@ -34,19 +34,22 @@ def commands() -> dict:
     return found
 
 
-def common_flags() -> argparse.ArgumentParser:
+def common_flags(top_level: bool = True) -> argparse.ArgumentParser:
+    """The flags every command takes, before or after its name. A command's copy has no
+    defaults of its own, so that it keeps a value given before the command name."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--device", metavar="DEV", default=None,
+    unset = {} if top_level else {"default": argparse.SUPPRESS}
+    common.add_argument("--device", metavar="DEV", **({"default": None} | unset),
                         help="device to run on, e.g. cpu, npu, npu:1 (default: $ANYCHIP_DEVICE or cpu)")
-    common.add_argument("--report-fallbacks", action="store_true",
+    common.add_argument("--report-fallbacks", action="store_true", **unset,
                         help="print which ops (anychip and Paddle) ran on the CPU instead of the device")
     return common
 
 
 def build_parser(available: dict) -> argparse.ArgumentParser:
-    common = common_flags()
+    common = common_flags(top_level=False)
     parser = argparse.ArgumentParser(
-        prog="anychip", parents=[common],
+        prog="anychip", parents=[common_flags()],
         description="Run LLM work on any chip through one device layer. "
                     "Start with `anychip devices` to see what this machine offers.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

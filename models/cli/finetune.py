@@ -1,0 +1,146 @@
+"""``anychip finetune``: supervised fine-tuning (full or LoRA) of a model on jsonl data."""
+
+from __future__ import annotations
+
+import sys
+
+from .session import DEFAULT_MODEL
+
+
+def add_parser(sub, common):
+    p = sub.add_parser(
+        "finetune", parents=[common], help="fine-tune a model (full or LoRA) on chat data",
+        description="Supervised fine-tuning on a jsonl file of {\"src\": ..., \"tgt\": ...} records (strings, or "
+                    "lists of strings for multi-turn chats; PaddleNLP's format), with the loss on the target "
+                    "tokens only. Writes checkpoints, metrics.jsonl and loss.png into --output, then the "
+                    "trained model itself, which `anychip generate --model OUTPUT` loads. Example: "
+                    "anychip finetune --lora --zero-padding --data models/training/sample_data "
+                    "--output runs/anychip-lora")
+    p.add_argument("--model", default=DEFAULT_MODEL, metavar="M",
+                   help=f"model to start from: a known name (default {DEFAULT_MODEL}), a .gguf file or a Hugging "
+                        "Face folder; weights are dequantized to float32 for training")
+    p.add_argument("--data", required=True, metavar="PATH",
+                   help="a .jsonl file, or a folder with train.jsonl (and dev.jsonl for evaluation)")
+    p.add_argument("--eval-data", metavar="PATH", help="evaluation jsonl (default: the data folder's dev.jsonl)")
+    p.add_argument("--output", required=True, metavar="DIR", help="where checkpoints and the result go")
+    p.add_argument("--chat-template", metavar="FILE",
+                   help="a PaddleNLP chat_template.json (system, conversation, query); default: the model's own "
+                        "chat template")
+    p.add_argument("--on-bad-record", choices=("skip", "fail"), default="skip",
+                   help="a malformed record is reported with its line number and skipped (default), or stops the run")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --output")
+
+    g = p.add_argument_group("LoRA")
+    g.add_argument("--lora", action="store_true", help="train LoRA adapters on a frozen base instead of every weight")
+    g.add_argument("--lora-rank", type=int, default=8, metavar="R", help="adapter rank (default 8)")
+    g.add_argument("--lora-alpha", type=float, default=16.0, metavar="A", help="scaling alpha / rank (default alpha 16)")
+    g.add_argument("--lora-dropout", type=float, default=0.0, metavar="P", help="dropout on adapter inputs (default 0)")
+    g.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", metavar="LIST",
+                   help="comma-separated projections to adapt (default: all seven)")
+    g.add_argument("--lora-base", choices=("float", "int8", "int4"), default="float",
+                   help="keep the frozen base as float32, or weight-only int8/int4 (QLoRA-style)")
+
+    g = p.add_argument_group("training")
+    g.add_argument("--max-length", type=int, default=512, metavar="N",
+                   help="tokens per example (and per packed sequence with --zero-padding; default 512)")
+    g.add_argument("--zero-padding", action="store_true",
+                   help="pack several examples into each max-length sequence, kept apart by a FlashMask")
+    g.add_argument("--batch-size", type=int, default=1, metavar="B", help="sequences per micro-batch (default 1)")
+    g.add_argument("--grad-accum", type=int, default=1, metavar="N", help="micro-batches per optimizer step (default 1)")
+    g.add_argument("--epochs", type=float, default=1.0, metavar="E", help="passes over the data (default 1)")
+    g.add_argument("--max-steps", type=int, metavar="N", help="optimizer steps (overrides --epochs)")
+    g.add_argument("--lr", type=float, default=None, metavar="LR",
+                   help="peak learning rate (default 2e-4 with --lora, 2e-5 otherwise)")
+    g.add_argument("--schedule", choices=("cosine", "linear", "constant"), default="cosine",
+                   help="decay after warmup (default cosine)")
+    g.add_argument("--warmup-steps", type=int, default=0, metavar="N", help="linear warmup steps (default 0)")
+    g.add_argument("--weight-decay", type=float, default=0.0, metavar="W", help="AdamW weight decay (default 0)")
+    g.add_argument("--max-grad-norm", type=float, default=1.0, metavar="N",
+                   help="clip the global gradient norm to N (0: off; default 1)")
+    g.add_argument("--compute-dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="dtype of the matmuls (bfloat16: AMX on CPUs that have it); weights, optimizer state and "
+                        "the other ops stay float32")
+    g.add_argument("--recompute", action="store_true",
+                   help="recompute each layer's activations in the backward instead of keeping them (less memory)")
+    g.add_argument("--eval-steps", type=int, metavar="N", help="evaluate every N steps (and at the end)")
+    g.add_argument("--save-steps", type=int, metavar="N", help="checkpoint every N steps (and at the end)")
+    g.add_argument("--save-total-limit", type=int, default=3, metavar="N", help="checkpoints to keep (default 3)")
+    g.add_argument("--seed", type=int, default=42, help="seed for the data order, adapter init and dropout")
+
+
+def run(args) -> int:
+    import anychip
+    from anychip.devices import describe
+
+    from ..checkpoint import load_checkpoint
+    from ..hub import resolve
+    from ..lora import LoraConfig
+    from ..training.data import ChatFormat, format_bad_records, load_sft_data
+    from ..training.model import TrainableModel
+    from ..training.packing import padding_efficiency
+    from ..training.trainer import TrainArgs, Trainer, device_label
+
+    device = anychip.set_device(args.device)
+    name, _, index = device.partition(":")
+    device = (name, int(index or 0))
+    if describe(name).status == "simulated":
+        print(f"anychip: {name} is simulated: its timings are the host CPU's, not the chip's", file=sys.stderr)
+    path = resolve(args.model)
+    base = load_checkpoint(path, weights="float")
+    fmt = (ChatFormat.from_json(args.chat_template, base.tokenizer) if args.chat_template
+           else ChatFormat.from_tokenizer(base.tokenizer))
+    train, bad = load_sft_data(args.data, fmt, args.max_length, on_bad=args.on_bad_record)
+    if bad:
+        print(format_bad_records(args.data, bad), file=sys.stderr)
+    dev = _eval_examples(args, fmt)
+    lora = None
+    if args.lora:
+        lora = LoraConfig(rank=args.lora_rank, alpha=args.lora_alpha, dropout=args.lora_dropout,
+                          targets=tuple(t.strip() for t in args.lora_targets.split(",") if t.strip()),
+                          base_model=args.model if args.model in _known_models() else str(path.resolve()),
+                          base_weights=args.lora_base, seed=args.seed)
+    train_args = TrainArgs(
+        max_length=args.max_length, batch_size=args.batch_size, grad_accum=args.grad_accum, epochs=args.epochs,
+        max_steps=args.max_steps, lr=args.lr if args.lr is not None else (2e-4 if args.lora else 2e-5),
+        warmup_steps=args.warmup_steps, schedule=args.schedule, weight_decay=args.weight_decay,
+        max_grad_norm=args.max_grad_norm or None, zero_padding=args.zero_padding, eval_steps=args.eval_steps,
+        save_steps=args.save_steps, save_total_limit=args.save_total_limit, seed=args.seed)
+    model = TrainableModel(base, device, lora=lora, recompute=args.recompute, seed=args.seed,
+                           compute_dtype=args.compute_dtype)
+    eff = padding_efficiency(train, args.max_length, args.batch_size)
+    trainer = Trainer(model, base, train, dev, train_args, args.output)
+    trained = sum(int(p.size) for p in model.params.values())
+    print(f"finetune on {device_label(device)}: {len(train)} examples ({len(bad)} skipped), {len(dev)} for "
+          f"evaluation; {'LoRA' if lora else 'full'} training of {trained:,} parameters for {trainer.total_steps} "
+          f"steps; real tokens per sequence: {eff['zero_padding']:.0%} with zero padding, {eff['padding']:.0%} "
+          f"padded to the longest in a batch ({'zero padding' if args.zero_padding else 'padding'} in use)",
+          file=sys.stderr)
+    last = trainer.train(resume=args.resume)
+    summary = f"done: step {last.get('step', trainer.step)}, loss {last.get('loss', float('nan')):.4f}"
+    if "eval_loss" in last:
+        summary += f", eval loss {last['eval_loss']:.4f} (perplexity {last['eval_ppl']:.2f})"
+    print(f"{summary}. Model in {args.output}: try `anychip generate --model {args.output} ...`", file=sys.stderr)
+    return 0
+
+
+def _known_models():
+    from ..hub import MODELS
+
+    return MODELS
+
+
+def _eval_examples(args, fmt):
+    from pathlib import Path
+
+    from ..training.data import load_sft_data
+
+    source = args.eval_data
+    if source is None:
+        folder = Path(args.data)
+        if not (folder.is_dir() and any((folder / f"dev.{ext}").is_file() for ext in ("jsonl", "json"))):
+            return []
+        source, split = folder, "dev"
+    else:
+        split = "train"
+    examples, _ = load_sft_data(source, fmt, args.max_length, on_bad=args.on_bad_record, split=split)
+    return examples

@@ -1,0 +1,283 @@
+"""The fine-tuning loop: batches (zero-padded packs or plain padding) in a seeded order per
+epoch, gradient accumulation weighted by target tokens, clipping, AdamW with a warmup + decay
+schedule, periodic evaluation, a metrics log, unified checkpoints and exact resume.
+
+Everything random derives from (seed, epoch) for the data order and (seed, step, micro-batch)
+for LoRA dropout, so the seed and the data position are the whole RNG state a checkpoint needs,
+and a resumed run repeats the uninterrupted one step for step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from anychip.paddle_frontend import import_paddle
+
+from ..checkpoint import Checkpoint
+from ..export import hf_metadata_files, hf_tensors
+from ..hf_folder import hf_name
+from ..lora import adapter_files
+from . import checkpoints
+from .data import Example
+from .model import TrainableModel
+from .optimizer import AdamW, learning_rate
+from .packing import Batch, packed_batches, padded_batches
+
+paddle = import_paddle()
+
+METRICS_FILE = "metrics.jsonl"
+PLOT_FILE = "loss.png"
+
+
+@dataclass
+class TrainArgs:
+    max_length: int = 512
+    batch_size: int = 1
+    grad_accum: int = 1
+    epochs: float = 1.0
+    max_steps: int | None = None         # overrides epochs
+    lr: float = 2e-4
+    warmup_steps: int = 0
+    schedule: str = "cosine"
+    weight_decay: float = 0.0
+    max_grad_norm: float | None = 1.0
+    zero_padding: bool = False
+    eval_steps: int | None = None         # also evaluates at the end when there is dev data
+    save_steps: int | None = None         # also saves at the end
+    save_total_limit: int | None = 3
+    seed: int = 42
+    buffer_size: int = 500                # zero padding's packing window
+
+    def __post_init__(self):
+        for name in ("max_length", "batch_size", "grad_accum"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_steps is None and self.epochs <= 0:
+            raise ValueError(f"epochs must be > 0, got {self.epochs}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+
+
+class Trainer:
+    """Trains ``model`` on ``train`` (evaluating on ``dev``) into ``output``: checkpoints
+    ``checkpoint-<step>/``, ``metrics.jsonl``, ``loss.png`` and, at the end, the model itself
+    (a Hugging Face folder for full fine-tuning, an adapter for LoRA)."""
+
+    def __init__(self, model: TrainableModel, base: Checkpoint, train: list[Example], dev: list[Example],
+                 args: TrainArgs, output: str | Path, progress: bool = True):
+        if not train:
+            raise ValueError("no training examples")
+        self.model, self.base, self.train_set, self.dev_set, self.args = model, base, train, dev, args
+        self.output = Path(output)
+        self.progress = progress
+        self.optimizer = AdamW(model.params, weight_decay=args.weight_decay)
+        self.steps_per_epoch = math.ceil(len(self._epoch_batches(0)) / args.grad_accum)
+        self.total_steps = args.max_steps or max(1, math.ceil(args.epochs * self.steps_per_epoch))
+        self.step, self.epoch, self.batch_index = 0, 0, 0
+        self.history: list[dict] = []
+
+    # ---- data --------------------------------------------------------------------------------
+
+    def _epoch_batches(self, epoch: int) -> list[Batch]:
+        order = np.random.default_rng([self.args.seed, epoch]).permutation(len(self.train_set))
+        examples = [self.train_set[i] for i in order]
+        if self.args.zero_padding:
+            return packed_batches(examples, self.args.max_length, self.args.batch_size, self.args.buffer_size)
+        return padded_batches(examples, self.args.batch_size)
+
+    def _dev_batches(self) -> list[Batch]:
+        if self.args.zero_padding:
+            return packed_batches(self.dev_set, self.args.max_length, self.args.batch_size, self.args.buffer_size)
+        return padded_batches(self.dev_set, self.args.batch_size)
+
+    def _next_micro_batches(self) -> list[Batch]:
+        batches = self._batches
+        out = []
+        while len(out) < self.args.grad_accum:
+            if self.batch_index >= len(batches):
+                self.epoch, self.batch_index = self.epoch + 1, 0
+                batches = self._batches = self._epoch_batches(self.epoch)
+            out.append(batches[self.batch_index])
+            self.batch_index += 1
+        return out
+
+    # ---- the loop ----------------------------------------------------------------------------
+
+    def train(self, resume: bool = False) -> dict:
+        """Runs to ``total_steps``; with ``resume``, continues from the latest checkpoint in the
+        output folder. Returns the last metrics record."""
+        self.output.mkdir(parents=True, exist_ok=True)
+        if resume:
+            self._resume()
+        elif checkpoints.latest_checkpoint(self.output) is not None:
+            raise FileExistsError(f"{self.output} holds checkpoints of an earlier run: resume it, or choose "
+                                  "another output folder")
+        self._batches = self._epoch_batches(self.epoch)
+        bar = tqdm(total=self.total_steps, initial=self.step, desc="finetune", unit="step", disable=not self.progress)
+        record = {}
+        while self.step < self.total_steps:
+            record = self._train_step()
+            bar.update(1)
+            bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}", tok_s=f"{record['tokens_per_s']:.0f}")
+            last = self.step == self.total_steps
+            if self.dev_set and ((self.args.eval_steps and self.step % self.args.eval_steps == 0) or last):
+                record.update(self.evaluate())
+                bar.write(f"step {self.step}: eval loss {record['eval_loss']:.4f}, perplexity {record['eval_ppl']:.2f}")
+            self._log(record)
+            if (self.args.save_steps and self.step % self.args.save_steps == 0) or last:
+                self.save()
+        bar.close()
+        self._export()
+        self.plot()
+        return record
+
+    def _train_step(self) -> dict:
+        started = time.perf_counter()
+        micro = self._next_micro_batches()
+        self.step += 1
+        denominator = sum(b.loss_tokens for b in micro)
+        self.model.dropout.training = True
+        total = 0.0
+        for j, batch in enumerate(micro):
+            self.model.dropout.step, self.model.dropout.micro = self.step, j
+            loss, _ = self.model.batch_loss(batch, denominator)
+            loss.backward()
+            total += float(loss)
+        norm = self.optimizer.clip_grad_norm(self.args.max_grad_norm)
+        lr = learning_rate(self.step, self.args.lr, self.args.warmup_steps, self.total_steps, self.args.schedule)
+        self.optimizer.step(lr, self.step)
+        self.optimizer.zero_grad()
+        seconds = time.perf_counter() - started
+        tokens = sum(b.real_tokens for b in micro)
+        return {"step": self.step, "epoch": self.epoch, "loss": total, "lr": lr, "grad_norm": norm,
+                "tokens": tokens, "target_tokens": denominator, "tokens_per_s": tokens / seconds, "seconds": seconds}
+
+    def evaluate(self) -> dict:
+        """Mean target-token loss and perplexity on the dev set."""
+        self.model.dropout.training = False
+        total, count = 0.0, 0
+        with paddle.no_grad():
+            for batch in self._dev_batches():
+                _, losses = self.model.batch_loss(batch, 1)
+                total += float(losses.sum())
+                count += batch.loss_tokens
+        mean = total / max(count, 1)
+        return {"eval_loss": mean, "eval_ppl": math.exp(min(mean, 50.0))}
+
+    # ---- state ---------------------------------------------------------------------------------
+
+    def _model_files(self) -> tuple[dict, dict]:
+        """The model's tensors and extra files as a checkpoint (or the final output) holds them:
+        a Hugging Face folder for full fine-tuning, an adapter folder for LoRA."""
+        if self.model.lora is None:
+            config = self.base.config
+            return hf_tensors(config, self.model.canonical_tensors()), hf_metadata_files(config, self.base.tokenizer)
+        files = adapter_files(self.model.lora, self.model.state())
+        return self.model.state(), {"lora_config.json": files["lora_config.json"]}
+
+    def _load_model_tensors(self, tensors: dict) -> None:
+        if self.model.lora is None:
+            by_hf = {hf_name(n): n for n in self.base.tensors}
+            unknown = sorted(set(tensors) - set(by_hf))
+            if unknown:
+                raise ValueError(f"the checkpoint holds tensors this model lacks: {unknown[:3]}")
+            self.model.load_canonical({by_hf[n]: t for n, t in tensors.items()})
+        else:
+            self.model.load_state(tensors)
+
+    def save(self) -> Path:
+        tensors, extra = self._model_files()
+        state = {"step": self.step, "epoch": self.epoch, "batch_index": self.batch_index,
+                 "total_steps": self.total_steps, "rng": {"seed": self.args.seed},
+                 "scheduler": {"schedule": self.args.schedule, "lr": self.args.lr,
+                               "warmup_steps": self.args.warmup_steps, "total_steps": self.total_steps},
+                 "args": asdict(self.args), "lora": None if self.model.lora is None else asdict(self.model.lora),
+                 "device": ":".join(map(str, self.model.device))}
+        return checkpoints.save_checkpoint(self.output, self.step, tensors, self.optimizer.state(), state, extra,
+                                           keep=self.args.save_total_limit)
+
+    def _resume(self) -> None:
+        latest = checkpoints.latest_checkpoint(self.output)
+        if latest is None:
+            return
+        tensors, optimizer, state = checkpoints.load_checkpoint_state(latest)
+        if state.get("rng", {}).get("seed") != self.args.seed or state.get("total_steps") != self.total_steps:
+            raise ValueError(f"{latest} was saved with seed {state.get('rng', {}).get('seed')} and "
+                             f"{state.get('total_steps')} steps; resuming needs the same data and arguments "
+                             f"(this run: seed {self.args.seed}, {self.total_steps} steps)")
+        self._load_model_tensors(tensors)
+        self.optimizer.load_state(optimizer)
+        self.step, self.epoch, self.batch_index = state["step"], state["epoch"], state["batch_index"]
+        # the log of the interrupted run may run past this checkpoint: those steps are redone
+        self.history = [r for r in self._read_log() if r["step"] <= self.step]
+        _write_atomic(self.output / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in self.history).encode())
+
+    def _read_log(self) -> list[dict]:
+        path = self.output / METRICS_FILE
+        if not path.is_file():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def _log(self, record: dict) -> None:
+        self.history.append(record)
+        with open(self.output / METRICS_FILE, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def _export(self) -> None:
+        """The trained model into the output folder itself, each file atomically, the file that
+        makes the folder loadable (config.json, lora_config.json) last."""
+        tensors, extra = self._model_files()
+        from safetensors.numpy import save
+
+        marker = "config.json" if self.model.lora is None else "lora_config.json"
+        _write_atomic(self.output / "model.safetensors", save(tensors, metadata={"format": "pt"}))
+        for name, data in sorted(extra.items(), key=lambda item: item[0] == marker):
+            _write_atomic(self.output / name, data)
+
+    def plot(self) -> Path:
+        """loss.png: training loss per step and evaluation loss where measured."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        steps = [r["step"] for r in self.history]
+        ax.plot(steps, [r["loss"] for r in self.history], label="train loss", linewidth=1)
+        evals = [r for r in self.history if "eval_loss" in r]
+        if evals:
+            ax.plot([r["step"] for r in evals], [r["eval_loss"] for r in evals], "o-", label="eval loss")
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss (nats per target token)")
+        ax.set_title(f"fine-tuning on {device_label(self.model.device)}")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        path = self.output / PLOT_FILE
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path
+
+
+def device_label(device: tuple[str, int]) -> str:
+    from anychip.devices import describe
+
+    name = f"{device[0]}:{device[1]}"
+    return f"{name} (simulated)" if describe(device[0]).status == "simulated" else name
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
+    checkpoints.write_file(tmp, data)
+    os.replace(tmp, path)
+    checkpoints.fsync_dir(path.parent)
