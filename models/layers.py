@@ -23,6 +23,13 @@ def to_device(array: np.ndarray, device: tuple[str, int]):
     return tensor
 
 
+def assign(tensor, array: np.ndarray) -> None:
+    """Overwrites ``tensor`` with ``array`` where the tensor lives (``Tensor.set_value`` would
+    move a device tensor to the CPU)."""
+    with paddle.no_grad():
+        paddle.assign(paddle.to_tensor(np.ascontiguousarray(array, dtype=np.float32), place=tensor.place), tensor)
+
+
 def concat_rows(parts: list) -> np.ndarray | QuantWeight:
     """Stacks weights [N_i, K] along N: q, k, v into one qkv projection, gate and up into one.
     Quantized parts of one format stay quantized (rows are independent, so this is exact)."""

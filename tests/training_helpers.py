@@ -55,7 +55,8 @@ def anychip(*args, env: dict | None = None, timeout: int = 300) -> subprocess.Co
 
 def losses(output: Path) -> list[float]:
     lines = (output / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line)["loss"] for line in lines if line.strip()]
+    records = [json.loads(line) for line in lines if line.strip()]
+    return [r["loss"] for r in records if "loss" in r]
 
 
 def as_array(records: list[float]) -> np.ndarray:

@@ -18,11 +18,11 @@ def _reference(params, grads, m1, m2, lr, beta1, beta2, eps, weight_decay, step)
         for p, g, m, v in zip(params, grads, m1, m2):
             gf, pf = g.astype("float32"), p.astype("float32")
             pf = pf * (1.0 - lr * weight_decay)
-            m.set_value(beta1 * m + (1.0 - beta1) * gf)
-            v.set_value(beta2 * v + (1.0 - beta2) * gf * gf)
+            pd.assign(beta1 * m + (1.0 - beta1) * gf, m)  # not set_value: it moves a device tensor to the CPU
+            pd.assign(beta2 * v + (1.0 - beta2) * gf * gf, v)
             mhat = m / (1.0 - beta1 ** step)
             vhat = v / (1.0 - beta2 ** step)
-            p.set_value((pf - lr * mhat / (pd.sqrt(vhat) + eps)).astype(p.dtype))
+            pd.assign((pf - lr * mhat / (pd.sqrt(vhat) + eps)).astype(p.dtype), p)
 
 
 def adamw_step(params, grads, moments1, moments2, *, lr: float, beta1: float = 0.9, beta2: float = 0.999,

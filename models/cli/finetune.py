@@ -77,7 +77,6 @@ def run(args) -> int:
     from ..lora import LoraConfig
     from ..training.data import ChatFormat, format_bad_records, load_sft_data
     from ..training.model import TrainableModel
-    from ..training.packing import padding_efficiency
     from ..training.trainer import TrainArgs, Trainer, device_label
 
     device = anychip.set_device(args.device)
@@ -107,20 +106,32 @@ def run(args) -> int:
         save_steps=args.save_steps, save_total_limit=args.save_total_limit, seed=args.seed)
     model = TrainableModel(base, device, lora=lora, recompute=args.recompute, seed=args.seed,
                            compute_dtype=args.compute_dtype)
-    eff = padding_efficiency(train, args.max_length, args.batch_size)
     trainer = Trainer(model, base, train, dev, train_args, args.output)
     trained = sum(int(p.size) for p in model.params.values())
     print(f"finetune on {device_label(device)}: {len(train)} examples ({len(bad)} skipped), {len(dev)} for "
           f"evaluation; {'LoRA' if lora else 'full'} training of {trained:,} parameters for {trainer.total_steps} "
-          f"steps; real tokens per sequence: {eff['zero_padding']:.0%} with zero padding, {eff['padding']:.0%} "
-          f"padded to the longest in a batch ({'zero padding' if args.zero_padding else 'padding'} in use)",
-          file=sys.stderr)
+          f"steps", file=sys.stderr)
+    print(_padding_report(train, args), file=sys.stderr)
     last = trainer.train(resume=args.resume)
     summary = f"done: step {last.get('step', trainer.step)}, loss {last.get('loss', float('nan')):.4f}"
     if "eval_loss" in last:
         summary += f", eval loss {last['eval_loss']:.4f} (perplexity {last['eval_ppl']:.2f})"
     print(f"{summary}. Model in {args.output}: try `anychip generate --model {args.output} ...`", file=sys.stderr)
     return 0
+
+
+def _padding_report(train, args) -> str:
+    """Real tokens among those computed, zero padding against plain padding of batches holding
+    as many examples as a packed batch does (the same examples per step)."""
+    from ..training.packing import padding_efficiency
+
+    packed = padding_efficiency(train, args.max_length, args.batch_size)
+    per_batch = max(1, round(args.batch_size * len(train) / max(packed["sequences_packed"], 1)))
+    padded = padding_efficiency(train, args.max_length, per_batch)
+    using = "zero padding" if args.zero_padding else "plain padding"
+    return (f"real tokens: {packed['zero_padding']:.0%} with zero padding ({packed['sequences_packed']} packs of "
+            f"{args.max_length}), {padded['padding']:.0%} padding batches of {per_batch} examples to their longest; "
+            f"using {using}")
 
 
 def _known_models():

@@ -14,7 +14,7 @@ from anychip.ops.dispatch import place
 from anychip.paddle_frontend import import_paddle
 
 from ..checkpoint import Checkpoint, QuantWeight
-from ..layers import Linear, matmul, to_device
+from ..layers import Linear, assign, matmul, to_device
 from ..llama import LlamaForCausalLM
 from ..lora import LoraConfig
 from .packing import Batch
@@ -186,7 +186,7 @@ class TrainableModel:
         for name, t in self.params.items():
             if tuple(state[name].shape) != tuple(t.shape):
                 raise ValueError(f"saved {name} has shape {list(state[name].shape)}, the model {list(t.shape)}")
-            t.set_value(state[name].astype(np.float32))
+            assign(t, state[name])
 
     def load_canonical(self, tensors: dict[str, np.ndarray]) -> None:
         """Full fine-tuning: loads what :meth:`canonical_tensors` gives."""

@@ -10,6 +10,8 @@ import numpy as np
 import anychip.ops as ops
 from anychip.paddle_frontend import import_paddle
 
+from ..layers import assign
+
 paddle = import_paddle()
 
 SCHEDULES = ("cosine", "linear", "constant")
@@ -88,4 +90,4 @@ class AdamW:
             for key, table in ((n + ".m1", self.m1), (n + ".m2", self.m2)):
                 if key not in state:
                     raise ValueError(f"the saved optimizer state has no {key}")
-                table[n].set_value(state[key].astype(np.float32))
+                assign(table[n], state[key])

@@ -123,6 +123,8 @@ class Trainer:
             raise FileExistsError(f"{self.output} holds checkpoints of an earlier run: resume it, or choose "
                                   "another output folder")
         self._batches = self._epoch_batches(self.epoch)
+        if self.step == 0 and self.dev_set:  # the starting point of the evaluation curve
+            self._log({"step": 0, **self.evaluate()})
         bar = tqdm(total=self.total_steps, initial=self.step, desc="finetune", unit="step", disable=not self.progress)
         record = {}
         while self.step < self.total_steps:
@@ -252,8 +254,8 @@ class Trainer:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(7, 4))
-        steps = [r["step"] for r in self.history]
-        ax.plot(steps, [r["loss"] for r in self.history], label="train loss", linewidth=1)
+        trained = [r for r in self.history if "loss" in r]
+        ax.plot([r["step"] for r in trained], [r["loss"] for r in trained], label="train loss", linewidth=1)
         evals = [r for r in self.history if "eval_loss" in r]
         if evals:
             ax.plot([r["step"] for r in evals], [r["eval_loss"] for r in evals], "o-", label="eval loss")
