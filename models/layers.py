@@ -48,12 +48,9 @@ def concat_rows(parts: list) -> np.ndarray | QuantWeight:
 
 def matmul(x, weight, bias=None, compute_dtype: str = "float32"):
     """``x W^T (+ bias)`` for float32 x and W through the ``linear`` op; ``compute_dtype``
-    bfloat16 rounds both to bfloat16 for the product (AMX where the CPU has it), summing and
+    bfloat16 rounds both to bfloat16 for the products (AMX where the CPU has it), summing and
     returning float32, as mixed-precision training does."""
-    if compute_dtype == "float32":
-        return ops.linear(x, weight, bias)
-    y = ops.linear(x.astype(compute_dtype), weight.astype(compute_dtype)).astype("float32")
-    return y if bias is None else y + bias
+    return ops.linear(x, weight, bias, compute_dtype=None if compute_dtype == "float32" else compute_dtype)
 
 
 class Linear:

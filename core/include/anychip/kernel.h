@@ -57,12 +57,16 @@
  *                    LTS, LTE, UTS, UTE for E=4). Every index lies in [0, Sq].
  *                    Must equal `attention` with the equivalent dense mask bit for bit.
  *   flashmask_attention_grad: do, q, k, v, o, lse, startend_row_indices -> dq, dk, dv
- *   linear:          x[..., K], weight[N, K], bias[N]? -> y[..., N].  y = x W^T + bias
+ *   linear:          x[..., K], weight[N, K], bias[N]? -> y[..., N]; attrs: compute.
+ *                    y = x W^T + bias. compute (an AnychipDtype; absent: the tensors' dtype) is
+ *                    the dtype of the products: the tensors' dtype, or bfloat16 for float32
+ *                    tensors (mixed precision: x, weight and dy are rounded to bfloat16, nearest
+ *                    even, for the products only; sums and every output stay float32).
  *   linear_grad:     dy[..., N], x[..., K], weight[N, K] -> dx[..., K], dweight[N, K], dbias[N]?
  *                    (dbias only where bias needs a gradient); attrs: needs_dx, needs_dweight
- *                    (absent: 1). dx = dy W, dweight = dy^T x and dbias = the sum of dy, both
- *                    over all rows. An output whose flag is 0 is not written: the caller may pass
- *                    a tensor with no elements in its place.
+ *                    (absent: 1), compute (as linear). dx = dy W, dweight = dy^T x and dbias =
+ *                    the sum of dy (unrounded), both over all rows. An output whose flag is 0 is
+ *                    not written: the caller may pass a tensor with no elements in its place.
  *   weight_quantize: w[K, N] float -> qweight, scales f32[N, G]; attrs: bits, group_size.
  *                    group_size -1 means one group per output channel (G = 1), else
  *                    G = K / group_size. Symmetric: scale = absmax(group) / qmax with

@@ -1,7 +1,13 @@
 // linear (y = x W^T + bias) and linear_grad (dx = dy W, dW = dy^T x, dbias = the column sums of
-// dy) for float weights, on quant_gemm.cc's blocked products: AMX bf16 tiles when the tensors are
-// bf16 and the CPU has AMX, AVX-512 FMA in float32 otherwise (float32 tensors always, so their
-// products stay exact float32), plain loops for the scalar ISA. Every path accumulates in float32.
+// dy) for float weights, on quant_gemm.cc's blocked products: AMX bf16 tiles when the products are
+// bf16 (bf16 tensors, or float32 tensors with compute bfloat16) and the CPU has AMX, AVX-512 FMA
+// in float32 otherwise (float32 tensors' own products stay exact float32), plain loops for the
+// scalar ISA. Every path accumulates in float32.
+//
+// Mixed precision (float32 tensors, compute bfloat16) rounds x, dy and W to bf16 where they are
+// packed for the AMX tiles and writes float32 results. Without AMX the other paths multiply
+// bf16-rounded copies, so that results do not depend on the ISA beyond float32 summation order;
+// dbias sums dy unrounded, as it involves no product.
 //
 // gemm_f32 and gemm_amx keep a block of B in cache and stream all of A past it, so the weight
 // gradient puts the smaller of x and dy in A: dW^T = x^T dy when K <= N (a vocabulary head's
@@ -50,7 +56,10 @@ void product_f32(const float* a, int64_t m, const Matrix& b, bool b_transposed, 
   auto store = [&out, j, isa](int64_t m0, int64_t mb, int64_t j0, const float* c) {
     out.put(m0, mb, j0, std::min<int64_t>(64, j - j0), c, 64, isa);
   };
-  quant::gemm_f32(a, l, m, l, j, pack, store, threads);
+  quant::DirectF32 direct;  // float32 rows of y: written straight from the product's registers
+  if (out.y->dtype == ANYCHIP_DTYPE_FLOAT32 && !out.transposed)
+    direct = {static_cast<float*>(out.y->data), out.ld, out.bias};
+  quant::gemm_f32(a, l, m, l, j, pack, store, threads, direct);
 }
 
 // gemm_amx multiplies the whole contraction of each 32 x 32 tile in one go, its packed B tiles
@@ -59,7 +68,7 @@ void product_f32(const float* a, int64_t m, const Matrix& b, bool b_transposed, 
 constexpr int64_t kAmxDepth = 4096;
 
 // C = A B with A bf16 [round_up(m, 32)][lp] (zero-padded, lp = round_up(L, 32)) and B = b, or
-// b^T when `b_transposed`.
+// b^T when `b_transposed` (b bf16, or float32 rounded to bf16 by the packs).
 void product_amx(const uint16_t* a, int64_t m, int64_t lp, const Matrix& b, bool b_transposed,
                  const Target& out, Isa isa, int threads) {
   const int64_t j = b_transposed ? b.rows : b.cols;
@@ -83,16 +92,17 @@ void product_amx(const uint16_t* a, int64_t m, int64_t lp, const Matrix& b, bool
     quant::gemm_amx(reinterpret_cast<const uint8_t*>(a + l0), lp * 2, false, m, lc, j, pack, store, threads);
   };
   if (lp <= kAmxDepth) {
-    auto* y = static_cast<uint16_t*>(out.y->data);
-    multiply(0, lp, [&out, m, j, isa, y](int64_t m0, int64_t j0, const void* c) {
+    const int32_t dtype = out.y->dtype;
+    multiply(0, lp, [&out, m, j, isa, dtype](int64_t m0, int64_t j0, const void* c) {
       const auto* cf = static_cast<const float*>(c);
       const int64_t mb = std::min<int64_t>(32, m - m0), jb = std::min<int64_t>(32, j - j0);
       if (mb < 32 || jb < 32) {
         out.put(m0, mb, j0, jb, cf, 32, isa);
       } else if (out.transposed) {
-        store_tile_bf16(cf, y + j0 * out.ld + m0, out.ld, nullptr, true);
+        store_tile(cf, quant::at(*out.y, j0 * out.ld + m0), dtype, out.ld, nullptr, true);
       } else {
-        store_tile_bf16(cf, y + m0 * out.ld + j0, out.ld, out.bias == nullptr ? nullptr : out.bias + j0, false);
+        store_tile(cf, quant::at(*out.y, m0 * out.ld + j0), dtype, out.ld,
+                   out.bias == nullptr ? nullptr : out.bias + j0, false);
       }
     });
     return;
@@ -115,11 +125,13 @@ void product_amx(const uint16_t* a, int64_t m, int64_t lp, const Matrix& b, bool
     out.put(r0, std::min(kRowsPerStore, m - r0), 0, j, acc.data() + r0 * j, j, isa);
 }
 
-// m as gemm_amx's A, [round_up(rows, 32)][round_up(cols, 32)]: m itself when its sizes are
-// multiples of 32 (as a training step's usually are), else a zero-padded copy in `buffer`.
+// m as gemm_amx's A, [round_up(rows, 32)][round_up(cols, 32)] bf16: m itself when it is bf16 and
+// its sizes are multiples of 32 (as a training step's usually are), else a zero-padded bf16 copy
+// in `buffer`.
 const uint16_t* amx_a(const Matrix& m, std::vector<uint16_t>& buffer, int threads) {
-  if (m.rows % 32 == 0 && m.cols % 32 == 0 && m.ld == m.cols) return static_cast<const uint16_t*>(m.data);
-  buffer = padded_bf16(m, round_up(m.rows, 32), round_up(m.cols, 32), threads);
+  if (m.dtype == ANYCHIP_DTYPE_BFLOAT16 && m.rows % 32 == 0 && m.cols % 32 == 0 && m.ld == m.cols)
+    return static_cast<const uint16_t*>(m.data);
+  buffer = padded_bf16(m, round_up(m.rows, 32), round_up(m.cols, 32), threads, Isa::kAmx);
   return buffer.data();
 }
 
@@ -168,9 +180,11 @@ void axpy_rows(const float* a, bool a_t, int64_t a_rows, int64_t a_cols, const f
 
 // ---- the kernels' parts ---------------------------------------------------------------------------
 
-void forward(const Matrix& x, const Matrix& w, const float* bias, const AnychipTensor& y, Isa isa, int threads) {
+// `amx`: the products are bf16 and the CPU has AMX.
+void forward(const Matrix& x, const Matrix& w, const float* bias, const AnychipTensor& y, bool amx, Isa isa,
+             int threads) {
   const Target out{&y, w.rows, false, bias};
-  if (isa == Isa::kAmx && x.dtype == ANYCHIP_DTYPE_BFLOAT16) {
+  if (amx) {
     std::vector<uint16_t> buffer;
     product_amx(amx_a(x, buffer, threads), x.rows, round_up(x.cols, 32), w, true, out, isa, threads);
   } else if (isa != Isa::kScalar) {
@@ -182,9 +196,9 @@ void forward(const Matrix& x, const Matrix& w, const float* bias, const AnychipT
 }
 
 // dx = dy W.
-void grad_x(const Matrix& dy, const Matrix& w, const AnychipTensor& dx, Isa isa, int threads) {
+void grad_x(const Matrix& dy, const Matrix& w, const AnychipTensor& dx, bool amx, Isa isa, int threads) {
   const Target out{&dx, w.cols};
-  if (isa == Isa::kAmx && dy.dtype == ANYCHIP_DTYPE_BFLOAT16) {
+  if (amx) {
     std::vector<uint16_t> buffer;
     product_amx(amx_a(dy, buffer, threads), dy.rows, round_up(dy.cols, 32), w, false, out, isa, threads);
     return;
@@ -200,12 +214,12 @@ void grad_x(const Matrix& dy, const Matrix& w, const AnychipTensor& dx, Isa isa,
 }
 
 // dW = dy^T x, as (x^T dy)^T when K <= N (see the top).
-void grad_weight(const Matrix& dy, const Matrix& x, const AnychipTensor& dw, Isa isa, int threads) {
+void grad_weight(const Matrix& dy, const Matrix& x, const AnychipTensor& dw, bool amx, Isa isa, int threads) {
   const bool via_transpose = x.cols <= dy.cols;
   const Matrix& p = via_transpose ? x : dy;  // A = p^T
   const Matrix& q = via_transpose ? dy : x;  // B = q
   const Target out{&dw, x.cols, via_transpose};
-  if (isa == Isa::kAmx && dy.dtype == ANYCHIP_DTYPE_BFLOAT16) {
+  if (amx) {
     const int64_t mp = round_up(p.rows, 32);
     product_amx(transposed_bf16(p, round_up(p.cols, 32), mp, threads).data(), p.cols, mp, q, false, out, isa,
                 threads);
@@ -244,6 +258,30 @@ int flag(const AnychipKernelCall* call, int i) {
   return v == 0.0 ? 0 : v == 1.0 ? 1 : -1;
 }
 
+// How a call multiplies, from its tensors' dtype and its `compute` attr (an AnychipDtype; absent:
+// the tensors' dtype).
+struct Compute {
+  bool valid = true;
+  bool mixed = false;  // float32 tensors, bf16 products
+  bool amx = false;    // bf16 products on AMX tiles
+
+  Compute(const AnychipKernelCall* call, int i, int32_t dtype, Isa isa) {
+    const double c = attr(call, i, static_cast<double>(dtype));
+    mixed = dtype == ANYCHIP_DTYPE_FLOAT32 && c == ANYCHIP_DTYPE_BFLOAT16;
+    valid = mixed || c == static_cast<double>(dtype);
+    amx = isa == Isa::kAmx && (mixed || dtype == ANYCHIP_DTYPE_BFLOAT16);
+  }
+
+  // m as the products see it: without AMX, mixed precision multiplies a bf16 copy (in `buffer`).
+  Matrix operand(const Matrix& m, std::vector<uint16_t>& buffer, Isa isa, int threads) const {
+    if (!mixed || amx) return m;
+    buffer = padded_bf16(m, m.rows, m.cols, threads, isa);
+    return {buffer.data(), ANYCHIP_DTYPE_BFLOAT16, m.rows, m.cols, m.cols};
+  }
+};
+
+constexpr const char* kComputeError = "compute must be the tensors' dtype, or bfloat16 for float32 tensors";
+
 }  // namespace
 }  // namespace anychip::cpu::linear
 
@@ -269,8 +307,10 @@ ANYCHIP_CPU_KERNEL(linear) {
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: weight must be [N, %lld], bias [N], y [..., N]", what,
                 static_cast<long long>(k));
   const int64_t n = w.shape[0];
-  if (m == 0 || n == 0) return ANYCHIP_OK;
   const Isa isa = anychip::cpu::isa();
+  const Compute compute(call, 0, x.dtype, isa);
+  if (!compute.valid) return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: %s", what, kComputeError);
+  if (m == 0 || n == 0) return ANYCHIP_OK;
   std::vector<float> bias_f;
   if (bias != nullptr) {
     bias_f.resize(static_cast<size_t>(n));
@@ -282,7 +322,10 @@ ANYCHIP_CPU_KERNEL(linear) {
     quant::store_rows(y, n, 0, m, 0, n, zeros.data(), 0, b, isa);
     return ANYCHIP_OK;
   }
-  forward(matrix(x, m, k), matrix(w, n, k), b, y, isa, threads(call));
+  const int nt = threads(call);
+  std::vector<uint16_t> xb, wb;
+  forward(compute.operand(matrix(x, m, k), xb, isa, nt), compute.operand(matrix(w, n, k), wb, isa, nt), b, y, compute.amx, isa,
+          nt);
   return ANYCHIP_OK;
 }
 
@@ -315,16 +358,21 @@ ANYCHIP_CPU_KERNEL(linear_grad) {
                 "dweight like weight, dbias [N]", what);
   const int64_t n = w.shape[0];
   const Isa isa = anychip::cpu::isa();
+  const Compute compute(call, 2, dtype, isa);
+  if (!compute.valid) return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: %s", what, kComputeError);
   const int nt = threads(call);
-  const Matrix dym = matrix(dy, m, n), xm = matrix(x, m, k), wm = matrix(w, n, k);
+  const Matrix dym = matrix(dy, m, n);
+  const bool products = m > 0 && n > 0 && k > 0;
+  std::vector<uint16_t> dyb, xb, wb;
+  const Matrix dyp = products ? compute.operand(dym, dyb, isa, nt) : dym;
   // Empty sums (over N for dx, over the rows for dweight and dbias) are zeros.
   if (needs_dx == 1) {
     if (n == 0 && m * k > 0) fill_zero(dx);
-    if (m > 0 && n > 0 && k > 0) grad_x(dym, wm, dx, isa, nt);
+    if (products) grad_x(dyp, compute.operand(matrix(w, n, k), wb, isa, nt), dx, compute.amx, isa, nt);
   }
   if (needs_dw == 1) {
     if (m == 0) fill_zero(dw);
-    if (m > 0 && n > 0 && k > 0) grad_weight(dym, xm, dw, isa, nt);
+    if (products) grad_weight(dyp, compute.operand(matrix(x, m, k), xb, isa, nt), dw, compute.amx, isa, nt);
   }
   if (db != nullptr) {
     if (m == 0) fill_zero(*db);

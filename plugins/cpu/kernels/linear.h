@@ -37,9 +37,11 @@ void pack_rows_f32(const Matrix& m, int64_t j0, int64_t l0, int64_t lb, float* b
 void pack_cols_f32(const Matrix& m, int64_t j0, int64_t l0, int64_t lb, float* bp, float* scratch);
 
 // ---- bf16 operands (gemm_amx) -------------------------------------------------------------------
+// m is bf16, or float32 rounded to bf16 (nearest even) as it is copied or packed: mixed
+// precision (compute bfloat16 on float32 tensors) costs no separate pass over memory.
 
-// m (bf16) zero-padded to [rows_p][cols_p]; transposed_bf16: m^T zero-padded to [cols_p][rows_p].
-std::vector<uint16_t> padded_bf16(const Matrix& m, int64_t rows_p, int64_t cols_p, int threads);
+// m as bf16 zero-padded to [rows_p][cols_p]; transposed_bf16: m^T zero-padded to [cols_p][rows_p].
+std::vector<uint16_t> padded_bf16(const Matrix& m, int64_t rows_p, int64_t cols_p, int threads, Isa isa);
 std::vector<uint16_t> transposed_bf16(const Matrix& m, int64_t cols_p, int64_t rows_p, int threads);
 
 // gemm_amx packs of the nt column tiles of B from column j0, contraction padded to lp: by rows,
@@ -50,9 +52,10 @@ void pack_cols_amx(const Matrix& m, int64_t lp, int64_t j0, int64_t nt, uint8_t*
 
 // ---- results ------------------------------------------------------------------------------------
 
-// A whole 32 x 32 tile of C (float32, rows 32 apart) into bf16 y at `dst`, y's rows `ld` apart:
-// dst[i * ld + c] = c[i][c] (+ bias[c]), or, transposed, dst[c * ld + i] = c[i][c]. AVX-512.
-void store_tile_bf16(const float* c, uint16_t* dst, int64_t ld, const float* bias, bool transposed);
+// A whole 32 x 32 tile of C (float32, rows 32 apart) into y (bf16 or float32 `dtype`) at `dst`,
+// y's rows `ld` elements apart: dst[i * ld + c] = c[i][c] (+ bias[c]), or, transposed,
+// dst[c * ld + i] = c[i][c]. AVX-512.
+void store_tile(const float* c, void* dst, int32_t dtype, int64_t ld, const float* bias, bool transposed);
 
 // store_rows (quant.h) transposed: y[(c0 + c) * ld + r0 + i] = acc[i * ldacc + c], i < rows, c < cols.
 void store_transposed(const AnychipTensor& y, int64_t ld, int64_t r0, int64_t rows, int64_t c0, int64_t cols,

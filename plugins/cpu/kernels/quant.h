@@ -155,10 +155,17 @@ void amx_thread_end();
 // pack(j0, l0, lb, bp, scratch) writes bp[l][jj] = B[l0 + l][j0 + jj] for l < lb, jj < 64
 // (zeros for columns past J); scratch holds 16 * lb floats. store(m0, mb, j0, c) receives
 // C[m0 + i][j0 + jj] = c[i * 64 + jj] for i < mb and the columns jj < 64 that exist.
+// With direct.y set, gemm_f32 writes C itself instead, from the registers it sums in:
+// y[i * ld + jj] = C[i][jj] + bias[jj] (bias optional), and never calls store.
 using PackF32 = std::function<void(int64_t j0, int64_t l0, int64_t lb, float* bp, float* scratch)>;
 using StoreF32 = std::function<void(int64_t m0, int64_t mb, int64_t j0, const float* c)>;
+struct DirectF32 {
+  float* y = nullptr;
+  int64_t ld = 0;
+  const float* bias = nullptr;
+};
 void gemm_f32(const float* a, int64_t lda, int64_t m, int64_t l, int64_t j, const PackF32& pack,
-              const StoreF32& store, int threads);
+              const StoreF32& store, int threads, const DirectF32& direct = {});
 
 // AMX. A is bf16 (tdpbf16ps) or int8 (tdpbssd), row stride lda bytes, with round_up(M, 32)
 // rows and the contraction padded with zeros to lp, a multiple of the tile depth d (32 bf16 or

@@ -1,6 +1,6 @@
 // Blocked products for prefill / training sizes: B (the dequantized weights) is packed into a
-// small scratch, a block of columns at a time, and multiplied by all of A before the next block.
-// Each thread owns whole column blocks, so C needs no reduction.
+// small scratch, a block of columns at a time, and multiplied by all of A (a chunk of its rows)
+// before the next block. Each task owns whole column blocks of its rows, so C needs no reduction.
 #include <omp.h>
 
 #include <algorithm>
@@ -15,12 +15,29 @@ namespace {
 // ---- AVX-512 FMA: 6 x 64 register tile, A broadcast, B packed [l][64] --------------------------
 
 constexpr int64_t kCols = 64;     // packed B width
-constexpr int64_t kDepth = 256;   // contraction per packed block (64 KB of B)
-constexpr int64_t kRows = 480;    // rows of A per pass over a block of B (C scratch 120 KB)
+constexpr int64_t kDepth = 128;   // contraction per packed block: 32 KB of B, which stays in L1
+constexpr int64_t kRows = 512;    // rows of A per pass over a block of B
 constexpr int kTile = 6;
+// A thread's A rows (a chunk, over the whole contraction) stay in its 2 MB of L2 up to kL2A
+// bytes, beside B's block and C's scratch; its C accumulators take up to kL2C when a long
+// contraction makes it take several column blocks at once.
+constexpr int64_t kL2A = int64_t{3} << 19, kL2C = int64_t{1} << 19;
 
+// Where a tile's finished C goes when gemm_f32 writes it itself: rows of y, `cols` of its 64
+// columns, plus bias.
+struct TileOut {
+  float* y = nullptr;
+  int64_t ld = 0, cols = 0;
+  const float* bias = nullptr;
+};
+
+// C (+)= A B for MR rows, into c (rows kCols apart), or into out.y when it is set (the last
+// stretch of the contraction).
 template <int MR>
-QUANT_AVX512 void tile_f32(const float* a, int64_t lda, const float* bp, int64_t lb, float* c, bool first) {
+QUANT_AVX512 void tile_f32(const float* a, int64_t lda, const float* bp, int64_t lb, float* c, bool first,
+                           const TileOut& out) {
+  // The next tile's C (right after this one's) is in L2: ask for it now, not when its loads stall.
+  for (int i = 0; i < MR * 4; ++i) _mm_prefetch(reinterpret_cast<const char*>(c + MR * kCols + 16 * i), _MM_HINT_T0);
   __m512 acc[MR][4];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < 4; ++j) acc[i][j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + i * kCols + 16 * j);
@@ -36,18 +53,49 @@ QUANT_AVX512 void tile_f32(const float* a, int64_t lda, const float* bp, int64_t
       acc[i][3] = _mm512_fmadd_ps(av, b3, acc[i][3]);
     }
   }
+  if (out.y == nullptr) {
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < 4; ++j) _mm512_storeu_ps(c + i * kCols + 16 * j, acc[i][j]);
+    return;
+  }
+  __mmask16 mask[4];
+  __m512 bias[4];
+  for (int j = 0; j < 4; ++j) {
+    mask[j] = lanes16(out.cols - 16 * j);
+    bias[j] = out.bias == nullptr ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask[j], out.bias + 16 * j);
+  }
   for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(c + i * kCols + 16 * j, acc[i][j]);
+    for (int j = 0; j < 4; ++j)
+      _mm512_mask_storeu_ps(out.y + i * out.ld + 16 * j, mask[j], _mm512_add_ps(acc[i][j], bias[j]));
 }
 
-void tile_rows(int64_t mr, const float* a, int64_t lda, const float* bp, int64_t lb, float* c, bool first) {
+// n floats on a 64-byte boundary inside `storage`: the packed B rows and the C rows are read
+// and written a cache line per vector, never split across two.
+float* aligned_floats(std::vector<float>& storage, int64_t n) {
+  storage.resize(static_cast<size_t>(n + 16));
+  const auto p = reinterpret_cast<uintptr_t>(storage.data());
+  return storage.data() + ((64 - p % 64) % 64) / sizeof(float);
+}
+
+// rows x n floats from a (rows lda apart) into dst (rows n apart): the copies are short, a call
+// of memcpy per row would cost as much as the copy.
+QUANT_AVX512 void copy_rows(const float* a, int64_t lda, int64_t rows, int64_t n, float* dst) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t c = 0; c < n; c += 16) {
+      const __mmask16 mask = lanes16(n - c);
+      _mm512_mask_storeu_ps(dst + i * n + c, mask, _mm512_maskz_loadu_ps(mask, a + i * lda + c));
+    }
+}
+
+void tile_rows(int64_t mr, const float* a, int64_t lda, const float* bp, int64_t lb, float* c, bool first,
+               const TileOut& out) {
   switch (mr) {
-    case 1: return tile_f32<1>(a, lda, bp, lb, c, first);
-    case 2: return tile_f32<2>(a, lda, bp, lb, c, first);
-    case 3: return tile_f32<3>(a, lda, bp, lb, c, first);
-    case 4: return tile_f32<4>(a, lda, bp, lb, c, first);
-    case 5: return tile_f32<5>(a, lda, bp, lb, c, first);
-    default: return tile_f32<kTile>(a, lda, bp, lb, c, first);
+    case 1: return tile_f32<1>(a, lda, bp, lb, c, first, out);
+    case 2: return tile_f32<2>(a, lda, bp, lb, c, first, out);
+    case 3: return tile_f32<3>(a, lda, bp, lb, c, first, out);
+    case 4: return tile_f32<4>(a, lda, bp, lb, c, first, out);
+    case 5: return tile_f32<5>(a, lda, bp, lb, c, first, out);
+    default: return tile_f32<kTile>(a, lda, bp, lb, c, first, out);
   }
 }
 
@@ -121,26 +169,70 @@ QUANT_AMX void gemm_amx_thread(const uint8_t* a, int64_t lda, bool int8, int64_t
 }  // namespace
 
 void gemm_f32(const float* a, int64_t lda, int64_t m, int64_t l, int64_t j, const PackF32& pack,
-              const StoreF32& store, int threads) {
+              const StoreF32& store, int threads, const DirectF32& direct) {
   const int64_t blocks = (j + kCols - 1) / kCols;
+  // A task is a group of column blocks times a chunk of rows, the chunks as equal as whole tiles
+  // allow (600 rows: 300 + 300, not 512 + 88). Few column blocks (N = 576: 9) would leave a
+  // thread idle for the last one, so take more chunks when that makes the tasks split evenly.
+  int64_t chunks = (m + kRows - 1) / kRows;
+  if (blocks * chunks < 8 * threads) {
+    for (int64_t c = chunks; c <= chunks + threads && m / c >= 4 * kTile; ++c) {
+      if (blocks * c % threads == 0) {
+        chunks = c;
+        break;
+      }
+    }
+  }
+  const int64_t chunk_rows = round_up((m + chunks - 1) / chunks, kTile);
+  // A chunk too long to stay in L2 (a long contraction: dx of a vocabulary head) would come from
+  // memory again for every column block: then the task takes a group of blocks and runs the
+  // contraction outermost, so that each slice of A is read once for all of them, and copies that
+  // slice into a contiguous panel first (a copy loop streams it from memory far better than
+  // tiles reading 6 rows kilobytes apart).
+  int64_t group = 1;
+  if (std::min(chunk_rows, m) * l * 4 > kL2A) {
+    const int64_t most = std::max<int64_t>(1, kL2C / (chunk_rows * kCols * 4));
+    const int64_t groups = (blocks + most - 1) / most;
+    group = (blocks + groups - 1) / groups;
+  }
+  const int64_t groups = (blocks + group - 1) / group;
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<float> bp(static_cast<size_t>(kDepth * kCols)), scratch(static_cast<size_t>(16 * kDepth));
-    std::vector<float> c(static_cast<size_t>(kRows * kCols));
+    std::vector<float> bp_storage, c_storage, scratch(static_cast<size_t>(16 * kDepth));
+    float* bp = aligned_floats(bp_storage, kDepth * kCols);
+    float* c = aligned_floats(c_storage, chunk_rows * kCols * group);
+    std::vector<float> panel(static_cast<size_t>(group > 1 ? chunk_rows * kDepth : 0));
 #pragma omp for schedule(dynamic)
-    for (int64_t block = 0; block < blocks; ++block) {
-      const int64_t j0 = block * kCols;
-      for (int64_t m0 = 0; m0 < m; m0 += kRows) {
-        const int64_t mb = std::min(kRows, m - m0);
-        for (int64_t l0 = 0; l0 < l; l0 += kDepth) {
-          const int64_t lb = std::min(kDepth, l - l0);
-          pack(j0, l0, lb, bp.data(), scratch.data());
-          for (int64_t i = 0; i < mb; i += kTile)
-            tile_rows(std::min<int64_t>(kTile, mb - i), a + (m0 + i) * lda + l0, lda, bp.data(), lb,
-                      c.data() + i * kCols, l0 == 0);
+    for (int64_t task = 0; task < groups * chunks; ++task) {
+      const int64_t b0 = task / chunks * group, nb = std::min(group, blocks - b0);
+      const int64_t m0 = task % chunks * chunk_rows, mb = std::min(chunk_rows, m - m0);
+      if (mb <= 0) continue;
+      for (int64_t l0 = 0; l0 < l; l0 += kDepth) {
+        const int64_t lb = std::min(kDepth, l - l0);
+        const float* as = a + m0 * lda + l0;
+        int64_t ld = lda;
+        if (group > 1) {
+          copy_rows(as, lda, mb, lb, panel.data());
+          as = panel.data();
+          ld = lb;
         }
-        store(m0, mb, j0, c.data());
+        const bool last = l0 + lb >= l;
+        for (int64_t b = 0; b < nb; ++b) {
+          const int64_t j0 = (b0 + b) * kCols;
+          pack(j0, l0, lb, bp, scratch.data());
+          float* cb = c + b * chunk_rows * kCols;
+          TileOut out;
+          if (last && direct.y != nullptr)
+            out = {direct.y + m0 * direct.ld + j0, direct.ld, std::min(kCols, j - j0),
+                   direct.bias == nullptr ? nullptr : direct.bias + j0};
+          for (int64_t i = 0; i < mb; i += kTile) {
+            tile_rows(std::min<int64_t>(kTile, mb - i), as + i * ld, ld, bp, lb, cb + i * kCols, l0 == 0, out);
+            if (out.y != nullptr) out.y += kTile * out.ld;
+          }
+        }
       }
+      if (direct.y == nullptr)
+        for (int64_t b = 0; b < nb; ++b) store(m0, mb, (b0 + b) * kCols, c + b * chunk_rows * kCols);
     }
   }
 }
