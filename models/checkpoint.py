@@ -5,7 +5,8 @@ under canonical names (Hugging Face layout, linear weights [out N, in K]) and it
     ckpt.tensors["layers.0.q_proj"]   # QuantWeight, rows already in RoPE half-rotation order
 
 ``weights="float"`` gives every tensor as float32 numpy; ``"native"`` keeps GGUF Q8_0, Q4_0 and
-Q4_1 linear weights quantized, in anychip's weight-only layout (anychip/kernel.h).
+Q4_1 linear weights quantized, in anychip's weight-only layout (anychip/kernel.h), and a quantized
+folder's tensors as written (weight-only QuantWeight, or W8A8Weight for int8 x int8 linears).
 """
 
 from __future__ import annotations
@@ -90,9 +91,40 @@ class QuantWeight:
 
 
 @dataclass
+class W8A8Weight(QuantWeight):
+    """A linear weight [N, K] for int8 x int8 products (A8W8, SmoothQuant-style): ``qweight``
+    int8 [N, K] and one float32 scale per output channel, ``scales`` [N, 1] (w8a8_linear's shape;
+    [N] is accepted and reshaped), W[n, k] = q[n, k] * scales[n]. The activations are quantized to
+    int8 per token at run time (ops.w8a8_linear), so no activation scale is stored.
+
+    The storage is exactly a weight-only int8 per-channel QuantWeight (bits 8, group_size -1), which
+    is why this is a subclass: code that only reads or dequantizes weights (export, LoRA merge, the
+    embedding lookup) treats it as one; :class:`anychip_models.layers.Linear` tells them apart and
+    runs this one through w8a8_linear."""
+
+    bits: int = 8
+    group_size: int = -1
+
+    def __post_init__(self):
+        if self.bits != 8 or self.group_size != -1 or self.offsets is not None:
+            raise ValueError(f"W8A8Weight is int8 per output channel (bits 8, group_size -1, no offsets), got bits "
+                             f"{self.bits}, group_size {self.group_size}, offsets {self.offsets is not None}")
+        if self.qweight.ndim != 2 or self.qweight.dtype != np.int8:
+            raise ValueError(f"W8A8Weight.qweight must be int8 [N, K], got {self.qweight.dtype} "
+                             f"{list(self.qweight.shape)}")
+        n = self.qweight.shape[0]
+        if self.scales.shape not in ((n,), (n, 1)):
+            raise ValueError(f"W8A8Weight.scales must be [N] or [N, 1] with N = {n}, got {list(self.scales.shape)}")
+        self.scales = np.asarray(self.scales, dtype=np.float32).reshape(n, 1)
+
+    def take_rows(self, rows: np.ndarray) -> W8A8Weight:
+        return W8A8Weight(self.qweight[rows], self.scales[rows])
+
+
+@dataclass
 class Checkpoint:
     config: ModelConfig
-    tensors: dict[str, np.ndarray | QuantWeight]
+    tensors: dict[str, np.ndarray | QuantWeight]  # W8A8Weight is a QuantWeight
     tokenizer: Tokenizer
     source: Path
 
@@ -115,18 +147,24 @@ def tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def load_checkpoint(path: str | Path, weights: str = "float") -> Checkpoint:
-    """A .gguf file, a Hugging Face folder (config.json, *.safetensors, tokenizer.json) or a LoRA
-    adapter folder (merged into its base model); a folder's weights are float already, so both
-    modes give float32 for it."""
+    """A .gguf file, a Hugging Face folder (config.json, *.safetensors, tokenizer.json), an anychip
+    quantized folder (the same plus quantization.json, see anychip_models.quantization.checkpoint)
+    or a LoRA adapter folder (merged into its base model). A plain folder's weights are float
+    already, so both modes give float32 for it; a quantized folder's stay quantized with
+    ``weights="native"`` (QuantWeight / W8A8Weight, as written) and are dequantized to float32 with
+    ``"float"`` (W = q * scale exactly; A8W8's activation quantization is then not applied)."""
     if weights not in WEIGHT_MODES:
         raise ValueError(f"weights must be one of {', '.join(WEIGHT_MODES)}, got {weights!r}")
     path = Path(path)
     if path.is_dir():
         from .hf_folder import load_hf_folder
         from .lora import is_adapter, load_merged
+        from .quantization.checkpoint import is_quantized, load_quantized
 
         if is_adapter(path):
             return load_merged(path, weights)
+        if is_quantized(path):
+            return load_quantized(path, dequantize=weights == "float")
         return load_hf_folder(path)
     if path.is_file():
         from .gguf_file import load_gguf

@@ -26,7 +26,8 @@ from .training.checkpoints import fsync_dir, make_dirs, publish, remove_tree, wr
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 # Files a loader reads in preference to the ones written here: removed when exporting in place.
-_SHADOWING = re.compile(r"model\.safetensors\.index\.json|chat_template\.jinja|model-\d+-of-\d+\.safetensors")
+_SHADOWING = re.compile(r"model\.safetensors\.index\.json|chat_template\.jinja|model-\d+-of-\d+\.safetensors|"
+                        r"quantization\.json")
 
 
 def hf_config(config: ModelConfig, tokenizer: Tokenizer | None = None) -> dict:
@@ -83,15 +84,19 @@ def hf_folder_files(config: ModelConfig, tensors: dict, tokenizer: Tokenizer) ->
 
 
 def write_hf_folder(folder, config: ModelConfig, tensors: dict, tokenizer: Tokenizer) -> Path:
-    """Writes the folder atomically: files written and fsynced in a temporary folder that then
-    takes its name (swapping out an earlier export in one step).
+    """Writes the Hugging Face folder of this model atomically (see :func:`write_model_folder`)."""
+    return write_model_folder(folder, hf_folder_files(config, tensors, tokenizer))
+
+
+def write_model_folder(folder, files: dict[str, bytes]) -> Path:
+    """Writes a model folder's ``files`` atomically: written and fsynced in a temporary folder
+    that then takes its name (swapping out an earlier model in one step).
 
     A folder that already holds other things (e.g. training checkpoints) is kept: the files are
     staged inside it, then renamed in one by one, config.json last, after removing the files that
-    would shadow them (an index, shards, chat_template.jinja). Each file is then atomic, the set is
-    not: an interrupted export leaves no config.json, so the folder fails to load rather than mixing
-    old and new files."""
-    files = hf_folder_files(config, tensors, tokenizer)
+    would shadow them (an index, shards, chat_template.jinja, a quantization.json). Each file is
+    then atomic, the set is not: an interrupted write leaves no config.json, so the folder fails
+    to load rather than mixing old and new files."""
     folder = Path(folder)
     make_dirs(folder.parent)
     for stale in folder.parent.glob(f".tmp-{folder.name}-*"):

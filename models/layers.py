@@ -1,6 +1,6 @@
-"""The weights of a Llama-family model on a device: linear layers in float or anychip's
-weight-only format, the token embedding, and the per-layer bundle. They hold Paddle tensors and
-call anychip.ops, so they run on whatever device the tensors are on."""
+"""The weights of a Llama-family model on a device: linear layers in float, anychip's
+weight-only format or int8 x int8 (A8W8), the token embedding, and the per-layer bundle. They
+hold Paddle tensors and call anychip.ops, so they run on whatever device the tensors are on."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import anychip.ops as ops
 from anychip.ops.dispatch import place
 from anychip.paddle_frontend import import_paddle
 
-from .checkpoint import QuantWeight
+from .checkpoint import QuantWeight, W8A8Weight
 
 paddle = import_paddle()
 
@@ -32,9 +32,15 @@ def assign(tensor, array: np.ndarray) -> None:
 
 def concat_rows(parts: list) -> np.ndarray | QuantWeight:
     """Stacks weights [N_i, K] along N: q, k, v into one qkv projection, gate and up into one.
-    Quantized parts of one format stay quantized (rows are independent, so this is exact)."""
+    Quantized parts of one format stay quantized (rows are independent, so this is exact): all
+    W8A8 parts stay W8A8 (per-channel scales, per-token activations: each row's product is the
+    same in the stack); W8A8 parts mixed with weight-only ones join them as the weight-only int8
+    per-channel weights they are stored as."""
     if all(isinstance(p, np.ndarray) for p in parts):
         return np.concatenate(parts, axis=0)
+    if all(isinstance(p, W8A8Weight) for p in parts):
+        return W8A8Weight(np.concatenate([p.qweight for p in parts]), np.concatenate([p.scales for p in parts]))
+    parts = [QuantWeight(p.qweight, p.scales, 8, -1) if isinstance(p, W8A8Weight) else p for p in parts]
     first = parts[0]
     same = all(isinstance(p, QuantWeight) and p.bits == first.bits and p.group_size == first.group_size
                and (p.offsets is None) == (first.offsets is None) for p in parts)
@@ -54,13 +60,16 @@ def matmul(x, weight, bias=None, compute_dtype: str = "float32"):
 
 
 class Linear:
-    """``y = x W^T (+ bias)`` for W [N, K] held as float32 or in anychip's weight-only format.
-    ``compute_dtype``: the dtype of a float weight's product (see :func:`matmul`)."""
+    """``y = x W^T (+ bias)`` for W [N, K] held as float32, in anychip's weight-only format, or as
+    A8W8 (:class:`W8A8Weight`: int8 weights, x quantized to int8 per token, ``ops.w8a8_linear``;
+    ``a8w8`` is then True). ``compute_dtype``: the dtype of a float or weight-only weight's product
+    (see :func:`matmul`); A8W8 products are int8 whatever it says."""
 
     compute_dtype = "float32"
 
     def __init__(self, weight: np.ndarray | QuantWeight, device, bias: np.ndarray | None = None):
         self.bias = None if bias is None else to_device(bias.astype(np.float32), device)
+        self.a8w8 = isinstance(weight, W8A8Weight)
         if isinstance(weight, QuantWeight):
             self.bits, self.group_size = weight.bits, weight.group_size
             self.weight = to_device(weight.qweight, device)
@@ -70,7 +79,16 @@ class Linear:
             self.bits, self.group_size, self.scales, self.offsets = 0, -1, None, None
             self.weight = to_device(weight.astype(np.float32), device)
 
+    @property
+    def in_features(self) -> int:
+        return self.weight.shape[1] * (2 if self.bits == 4 else 1)
+
     def __call__(self, x):
+        if self.a8w8:
+            if paddle.is_grad_enabled() and not x.stop_gradient:
+                raise ValueError("an A8W8 linear is inference-only (w8a8_linear has no gradient); train on the float "
+                                 "or a weight-only model, or run under paddle.no_grad()")
+            return ops.w8a8_linear(x, self.weight, self.scales, self.bias)
         if self.bits == 0:
             return matmul(x, self.weight, self.bias, self.compute_dtype)
         if self.compute_dtype != "float32":
@@ -81,7 +99,10 @@ class Linear:
                                       group_size=self.group_size, offsets=self.offsets)
 
     def fused(self) -> ops.Linear:
-        """This weight as a LIN of the fused decoder_step op."""
+        """This weight as a LIN of the fused decoder_step op. An A8W8 weight goes in as what it is
+        stored as, weight-only int8 with one group per row (group_size -1); the model's decode
+        then runs the step with x_int8 (see LlamaForCausalLM.decode) so that its activations are
+        int8 too."""
         return ops.Linear(self.weight, self.scales, self.offsets, bits=self.bits, group_size=self.group_size)
 
 

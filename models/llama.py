@@ -45,10 +45,27 @@ class KVCache:
 
 
 class LlamaForCausalLM(paddle.nn.Layer):
-    """A Llama-family causal LM on ``device``, built from a :class:`Checkpoint` (float or
-    anychip weight-only tensors, as the checkpoint holds them). ``x_int8``: the fused decode
+    """A Llama-family causal LM on ``device``, built from a :class:`Checkpoint` (float, anychip
+    weight-only or A8W8 tensors, as the checkpoint holds them). ``x_int8``: the fused decode
     step feeds its quantized linears int8 activations (per run of 32, as llama.cpp's quantized
-    dot products do): faster, with logits ~5e-3 off the exact product; prefill stays exact."""
+    dot products do): faster, with logits ~5e-3 off the exact product; prefill stays exact.
+
+    A8W8 linears (:class:`~anychip_models.checkpoint.W8A8Weight`) run through ``w8a8_linear`` in
+    prefill and op-by-op decode: int8 weights, x quantized to int8 per token. The fused decode
+    step has no per-token mode; it takes them as the weight-only int8 per-channel weights they
+    are stored as (bit for bit, group = K) with ``x_int8`` forced on, so their activations are
+    int8 too, on the same grid (absmax / 127, round half away, int32-exact dot products) but
+    with one scale per run of 32 instead of per token. Each run's scale is at most the token's,
+    so every activation's rounding error is bounded by what w8a8_linear allows (each product is
+    closer to the exact one, in RMS); decode's logits are not bit-identical to prefill's but
+    within A8W8's error of them (tests/test_quantization_format.py measures both). That is the
+    same computation in kind (int8 x int8, no requantized weights), only with finer activation
+    scales, so it is used rather than a slower op-by-op decode. ``x_int8`` then also applies to
+    the model's other quantized linears (a weight-only head). Where an x_int8 product is
+    impossible (a quantized linear with K or group_size not a multiple of 32), an A8W8 model
+    decodes op by op instead, as does any model whose layers differ in the format of one kind of
+    linear (some left float), since the fused step takes one format per kind. ``a8w8`` says
+    whether the model has A8W8 linears."""
 
     def __init__(self, checkpoint: Checkpoint, device: tuple[str, int] | str = ("cpu", 0), x_int8: bool = False):
         super().__init__()
@@ -76,6 +93,19 @@ class LlamaForCausalLM(paddle.nn.Layer):
         self.norm = to_device(t["norm"].astype(np.float32), device)
         self.head = Linear(t["embed_tokens"] if c.tie_embeddings else t["lm_head"], device)
         self._fused = None
+        linears = [lin for l in self.blocks for lin in (l.qkv, l.o, l.gate_up, l.down)] + [self.head]
+        self.a8w8 = any(lin.a8w8 for lin in linears)
+        # The fused step takes one format per kind of linear across layers (a model with some
+        # layers left float, as A8W8 recipes do, decodes op by op), and for an A8W8 model x_int8
+        # on every quantized linear (see the class doc).
+        def fmt(lin):
+            return lin.bits, lin.group_size if lin.bits else -1, lin.offsets is not None
+
+        uniform = all(len({fmt(getattr(l, kind)) for l in self.blocks}) == 1
+                      for kind in ("qkv", "o", "gate_up", "down"))
+        self._fused_ok = uniform and (not self.a8w8 or all(
+            lin.bits == 0 or (lin.in_features % 32 == 0 and (lin.group_size == -1 or lin.group_size % 32 == 0))
+            for lin in linears))
 
     # ---- op by op: prefill, and decode where the device has no decoder_step kernel ----------
 
@@ -158,10 +188,12 @@ class LlamaForCausalLM(paddle.nn.Layer):
 
     def decode(self, tokens, positions, cache: KVCache, fused: bool = True):
         """Next-token logits [B, V] for one token per sequence, ``tokens`` [B] at ``positions``
-        [B] (each sequence's own length so far), through the cache."""
-        if fused and self.has_fused_decode():
+        [B] (each sequence's own length so far), through the cache. An A8W8 model's fused step
+        quantizes activations per run of 32 rather than per token (see the class doc)."""
+        has_kernel = fused and self.has_fused_decode()
+        if has_kernel and self._fused_ok:
             return ops.decoder_step(self.embed(tokens), positions, self._fused_weights(), cache.k, cache.v)
-        if fused:
+        if fused and not has_kernel:  # (weights the fused step cannot take are no device fallback)
             fallback.record_op_fallback(self.device[0], "decoder_step", "float32",
                                         f"no decoder_step kernel on {self.device[0]}: decoding op by op")
         rows = []
@@ -193,5 +225,5 @@ class LlamaForCausalLM(paddle.nn.Layer):
                                        l.gate_up.fused(), l.down.fused()) for l in self.blocks]
             self._fused = ops.DecoderWeights(layers=layers, final_norm=self.norm, head=self.head.fused(),
                                              num_heads=c.num_heads, num_kv_heads=c.num_kv_heads,
-                                             eps=c.rms_eps, theta=c.rope_theta, x_int8=self.x_int8)
+                                             eps=c.rms_eps, theta=c.rope_theta, x_int8=self.x_int8 or self.a8w8)
         return self._fused

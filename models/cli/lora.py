@@ -12,7 +12,7 @@ def add_parser(sub, common):
                                    "that loads without the adapter. Example: anychip lora merge runs/anychip-lora "
                                    "--output runs/anychip-merged")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    merge = actions.add_parser("merge", help="write the base model with the adapter folded in")
+    merge = actions.add_parser("merge", parents=[common], help="write the base model with the adapter folded in")
     merge.add_argument("adapter", metavar="ADAPTER", help="the adapter folder (lora_config.json + model.safetensors)")
     merge.add_argument("--model", metavar="M",
                        help="the base model (default: the one recorded in the adapter's lora_config.json)")

@@ -1,0 +1,82 @@
+"""``anychip eval ppl``: perplexity of a model on a text, to compare checkpoints and quantization
+schemes on the same text."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from .session import DEFAULT_MODEL
+
+SAMPLE_TEXT = Path(__file__).resolve().parents[1] / "eval_data" / "english.txt"
+
+
+def add_parser(sub, common):
+    p = sub.add_parser("eval", parents=[common], help="evaluate a model (perplexity)",
+                       description="`ppl` scores a text with the model: the perplexity is exp of the mean "
+                                   "negative log-likelihood of each token given the ones before it, in windows of "
+                                   "--window tokens. Lower is better; compare models on the same text. Example: "
+                                   "anychip eval ppl --model runs/smollm2-wint4 --data models/eval_data/english.txt")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    ppl = actions.add_parser("ppl", parents=[common], help="perplexity on a text")
+    ppl.add_argument("--model", default=DEFAULT_MODEL, metavar="M",
+                     help=f"a known model (default {DEFAULT_MODEL}), .gguf file, model folder or quantized folder")
+    ppl.add_argument("--weights", choices=("native", "float"), default="native",
+                     help="native: keep quantized tensors quantized (default); float: dequantize to float32")
+    ppl.add_argument("--data", default=str(SAMPLE_TEXT), metavar="FILE",
+                     help="a UTF-8 text file, or a .jsonl file with a \"text\" field per line "
+                          f"(default: {SAMPLE_TEXT.relative_to(SAMPLE_TEXT.parents[2])}, an English text written for this)")
+    ppl.add_argument("--window", type=int, default=512, metavar="N", help="tokens per scored window (default 512)")
+    ppl.add_argument("--json", action="store_true", help="print one JSON object instead of a sentence")
+
+
+def read_text(path: Path) -> str:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such data file")
+    raw = path.read_text(encoding="utf-8")
+    if path.suffix != ".jsonl":
+        return raw
+    texts = []
+    for number, line in enumerate(raw.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{number}: invalid JSON ({exc.msg})") from exc
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+            raise ValueError(f"{path}:{number}: expected an object with a \"text\" string")
+        texts.append(record["text"])
+    return "\n\n".join(texts)
+
+
+def run(args) -> int:
+    import anychip
+    from anychip.devices import describe
+
+    from ..checkpoint import load_checkpoint
+    from ..evaluate import perplexity
+    from ..hub import resolve
+    from ..llama import LlamaForCausalLM
+
+    if args.window < 1:
+        raise ValueError(f"--window must be >= 1, got {args.window}")
+    text = read_text(Path(args.data))
+    device = anychip.set_device(args.device)
+    simulated = describe(device.split(":")[0]).status == "simulated"
+    checkpoint = load_checkpoint(resolve(args.model), weights=args.weights)
+    ids = checkpoint.tokenizer.encode(text, add_bos=checkpoint.tokenizer.add_bos)
+    model = LlamaForCausalLM(checkpoint, device)
+    started = time.perf_counter()
+    value = perplexity(model, ids, window=args.window)
+    seconds = time.perf_counter() - started
+    label = f"{device} (simulated)" if simulated else device
+    if args.json:
+        print(json.dumps({"model": args.model, "weights": args.weights, "data": args.data, "device": device,
+                          "simulated": simulated, "tokens": len(ids), "window": args.window, "perplexity": value,
+                          "seconds": seconds}))
+    else:
+        print(f"{args.model}: perplexity {value:.3f} on {len(ids)} tokens of {args.data} "
+              f"(windows of {args.window}, {label}, {seconds:.1f} s)")
+    return 0
