@@ -26,9 +26,9 @@ PROMPT = "Write a short story about a lighthouse keeper who spends a winter alon
 SCHEMES = [  # (label, quantize arguments); None: the float baseline
     ("fp32 (GGUF dequantized)", None),
     ("WINT8, round-to-nearest", ["--type", "wint8"]),
-    ("WINT8, GPTQ", ["--type", "wint8", "--gptq"]),
+    ("WINT8, GPTQ", ["--type", "wint8", "--gptq", "--act-order"]),
     ("WINT4 g64, round-to-nearest", ["--type", "wint4", "--group-size", "64"]),
-    ("WINT4 g64, GPTQ", ["--type", "wint4", "--group-size", "64", "--gptq"]),
+    ("WINT4 g64, GPTQ", ["--type", "wint4", "--group-size", "64", "--gptq", "--act-order"]),
     ("A8W8", ["--type", "a8w8"]),
     ("A8W8, SmoothQuant", ["--type", "a8w8", "--smooth"]),
 ]

@@ -12,7 +12,7 @@ import pytest
 
 from anychip_models.checkpoint import Checkpoint, QuantWeight, W8A8Weight, load_checkpoint
 from anychip_models.llama import LlamaForCausalLM, paddle
-from anychip_models.quantization.ptq import _smooth_layer, calibrate, quantize
+from anychip_models.quantization.ptq import SINK_WEIGHT, _smooth_layer, calibrate, quantize
 from anychip_models.training.data import ChatFormat, load_sft_data
 from training_helpers import anychip, chat_model, sft_records, write_jsonl
 
@@ -50,7 +50,7 @@ def logits(checkpoint, ids):
 
 
 def test_calibration_records_every_projection(base, sequences, stats):
-    tokens = sum(map(len, sequences))
+    tokens = sum(map(len, sequences)) + (SINK_WEIGHT - 1) * len(sequences)  # each first token counts SINK_WEIGHT times
     assert sorted(stats) == sorted(f"layers.{i}.{n}" for i in range(2) for n in ("qkv", "o", "gate_up", "down"))
     for name, s in stats.items():
         assert s.hessian.count == tokens, name

@@ -18,7 +18,7 @@ def add_parser(sub, common):
                     "the weights). Calibration runs the float model on --device over the first --calib-samples "
                     "records of a fine-tuning jsonl. The result is a folder that `anychip generate --model DIR` "
                     "and `anychip eval ppl --model DIR` load on any device. Example: anychip quantize --type wint4 "
-                    "--group-size 64 --gptq --calib models/training/sample_data/train.jsonl --output runs/smollm2-wint4")
+                    "--group-size 64 --gptq --act-order --calib models/eval_data/calibration.txt --output runs/smollm2-wint4")
     p.add_argument("--model", default=DEFAULT_MODEL, metavar="M",
                    help=f"model to quantize (default {DEFAULT_MODEL}); its weights are dequantized to float32 first")
     p.add_argument("--type", required=True, choices=("wint8", "wint4", "a8w8"), dest="quant_type",
@@ -27,6 +27,8 @@ def add_parser(sub, common):
                    help="weight-only: one scale per G input channels (64 or 128; G must divide every layer's input size, "
                         "e.g. 64 for SmolLM2's 576), or -1: one per output channel (default)")
     p.add_argument("--gptq", action="store_true", help="GPTQ (Hessian-based error compensation) instead of rounding")
+    p.add_argument("--act-order", action="store_true",
+                   help="GPTQ: quantize the input channels with the largest activations first")
     p.add_argument("--smooth", action="store_true", help="a8w8: SmoothQuant migration of activation outliers")
     p.add_argument("--alpha", type=float, default=0.5, metavar="A", help="SmoothQuant migration strength (default 0.5)")
     p.add_argument("--calib", metavar="FILE",
@@ -81,8 +83,8 @@ def run(args) -> int:
         print(f"calibrating on {len(sequences)} sequences ({calibration['tokens']} tokens) on {device}", file=sys.stderr)
         stats = calibrate(checkpoint, (name, int(index or 0)), sequences)
     tensors = quantize(checkpoint, args.quant_type, stats, group_size=args.group_size, use_gptq=args.gptq,
-                       smooth=args.smooth, alpha=args.alpha)
-    method = {"group_size": args.group_size, "gptq": args.gptq, "smooth": args.smooth,
+                       smooth=args.smooth, alpha=args.alpha, act_order=args.act_order)
+    method = {"group_size": args.group_size, "gptq": args.gptq, "act_order": args.act_order, "smooth": args.smooth,
               "alpha": args.alpha if args.smooth else None, "calibration": calibration, "source": str(args.model)}
     folder = write_quantized(args.output, checkpoint.config, tensors, checkpoint.tokenizer, args.quant_type, method)
     print(f"{args.quant_type} model in {folder} ({folder_size(folder) / 2**20:.0f} MiB); try "
