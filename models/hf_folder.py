@@ -140,19 +140,23 @@ def safetensors_files(folder: Path) -> dict[str, SafetensorsFile]:
     return {name: file for file in map(SafetensorsFile, paths) for name in file.names()}
 
 
+def load_tensor(files: dict, name: str, shape: tuple, where) -> np.ndarray:
+    """The tensor of canonical ``name`` from the folder's safetensors ``files``, checked against
+    ``shape``; ``where`` names the folder (or index) in the error for a missing tensor."""
+    file_name = hf_name(name)
+    file = files.get(file_name)
+    if file is None:
+        raise CheckpointError(f"{where}: tensor {file_name!r} ({name}) is missing")
+    value = file.load(file_name)
+    if value.shape != shape:
+        raise CheckpointError(f"{file.path}: tensor {file_name!r} ({name}) has shape {list(value.shape)}, "
+                              f"config.json makes it {list(shape)}")
+    return value
+
+
 def load_hf_folder(folder: Path) -> Checkpoint:
     """Every tensor as float32 (the folder's weights are float already)."""
     config = read_config(folder)
     files = safetensors_files(folder)
-    tensors = {}
-    for name, shape in tensor_shapes(config).items():
-        file_name = hf_name(name)
-        file = files.get(file_name)
-        if file is None:
-            raise CheckpointError(f"{folder}: tensor {file_name!r} ({name}) is missing")
-        value = file.load(file_name)
-        if value.shape != shape:
-            raise CheckpointError(f"{file.path}: tensor {file_name!r} ({name}) has shape {list(value.shape)}, "
-                                  f"config.json makes it {list(shape)}")
-        tensors[name] = value
+    tensors = {name: load_tensor(files, name, shape, folder) for name, shape in tensor_shapes(config).items()}
     return Checkpoint(config=config, tensors=tensors, tokenizer=Tokenizer.from_hf_folder(folder), source=folder)

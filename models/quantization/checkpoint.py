@@ -36,7 +36,7 @@ from safetensors.numpy import save as st_save
 
 from ..checkpoint import Checkpoint, CheckpointError, ModelConfig, QuantWeight, W8A8Weight, tensor_shapes
 from ..export import hf_metadata_files, write_model_folder
-from ..hf_folder import hf_name, read_config, safetensors_files
+from ..hf_folder import hf_name, load_tensor, read_config, safetensors_files
 from ..tokenizer import Tokenizer
 
 FORMAT = "anychip-quant/1"
@@ -214,14 +214,7 @@ def load_quantized(folder, dequantize: bool = False) -> Checkpoint:
     for name, shape in tensor_shapes(config).items():
         file_name, entry = hf_name(name), entries.get(name)
         if entry is None:
-            file = files.get(file_name)
-            if file is None:
-                raise CheckpointError(f"{where}: tensor {file_name!r} ({name}) is missing")
-            value = file.load(file_name)
-            if value.shape != shape:
-                raise CheckpointError(f"{file.path}: tensor {file_name!r} ({name}) has shape {list(value.shape)}, "
-                                      f"config.json makes it {list(shape)}")
-            tensors[name] = value
+            tensors[name] = load_tensor(files, name, shape, where)
             continue
         n, k = shape
         if entry["scheme"] == "a8w8":
