@@ -80,7 +80,11 @@ def main() -> int:
         from anychip_models.hub import resolve
 
         base["bytes"] = sum(t.nbytes for t in load_checkpoint(resolve("smollm2"), weights="float").tensors.values())
-    lines = [f"| SmolLM2-135M-Instruct | perplexity ({base['tokens']} tokens) | vs fp32 | size on disk | decode on `{args.device}` |",
+    from anychip.devices import describe
+
+    simulated = describe(args.device.split(":")[0]).status == "simulated"
+    where = f"`{args.device}`" + (" (simulated: host speed)" if simulated else "")
+    lines = [f"| SmolLM2-135M-Instruct | perplexity ({base['tokens']} tokens) | vs fp32 | size on disk | decode on {where} |",
              "|---|---|---|---|---|"]
     for r in rows:
         change = (r["perplexity"] / base["perplexity"] - 1) * 100
