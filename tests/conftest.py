@@ -33,3 +33,19 @@ def device(request):
     import anychip.runtime as rt
 
     return rt.open_device(f"{request.param}:0")
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    """A tiny random Llama chat model folder (ChatML template), for training and quantization."""
+    from training_helpers import chat_model
+
+    return chat_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
+def base(model_dir):
+    """The checkpoint of ``model_dir``."""
+    from anychip_models.checkpoint import load_checkpoint
+
+    return load_checkpoint(model_dir)

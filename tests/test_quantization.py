@@ -10,21 +10,11 @@ import json
 import numpy as np
 import pytest
 
-from anychip_models.checkpoint import Checkpoint, QuantWeight, W8A8Weight, load_checkpoint
+from anychip_models.checkpoint import Checkpoint, QuantWeight, W8A8Weight
 from anychip_models.llama import LlamaForCausalLM, paddle
 from anychip_models.quantization.ptq import SINK_WEIGHT, _smooth_layer, calibrate, quantize
 from anychip_models.training.data import ChatFormat, load_sft_data
-from training_helpers import anychip, chat_model, sft_records, write_jsonl
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return chat_model(tmp_path_factory.mktemp("tiny") / "model")
-
-
-@pytest.fixture(scope="module")
-def base(model_dir):
-    return load_checkpoint(model_dir)
+from training_helpers import anychip, sft_records, write_jsonl
 
 
 @pytest.fixture(scope="module")

@@ -19,19 +19,9 @@ from anychip_models.training.model import TrainableModel
 from anychip_models.training.packing import packed_batches, padded_batches
 from anychip_models.training.trainer import Trainer, TrainArgs
 from training_helpers import anychip as run_anychip
-from training_helpers import as_array, chat_model, losses, sft_records, write_jsonl
+from training_helpers import as_array, losses, sft_records, write_jsonl
 
 paddle = import_paddle()
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return chat_model(tmp_path_factory.mktemp("tiny") / "model")
-
-
-@pytest.fixture(scope="module")
-def base(model_dir):
-    return load_checkpoint(model_dir)
 
 
 @pytest.fixture(scope="module")
