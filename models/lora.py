@@ -117,13 +117,6 @@ def read_adapter(folder: Path) -> tuple[LoraConfig, dict[str, np.ndarray]]:
         raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from exc
 
 
-def adapter_files(config: LoraConfig, adapters: dict[str, np.ndarray]) -> dict[str, bytes]:
-    from safetensors.numpy import save
-
-    return {CONFIG_FILE: config.to_json().encode(),
-            WEIGHTS_FILE: save({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in adapters.items()})}
-
-
 def is_adapter(folder: Path) -> bool:
     return (folder / CONFIG_FILE).is_file()
 

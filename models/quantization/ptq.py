@@ -24,8 +24,10 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
+from anychip.ops.dispatch import place
+
 from ..checkpoint import Checkpoint, W8A8Weight
-from ..llama import LlamaForCausalLM
+from ..llama import LlamaForCausalLM, paddle
 from .algorithms import Hessian, gptq, rtn, smooth_scales, w8a8
 
 QUANT_TYPES = ("wint8", "wint4", "a8w8")
@@ -68,9 +70,6 @@ def calibrate(checkpoint: Checkpoint, device: tuple[str, int], sequences: list[l
     """Input statistics of every layer's projections ("layers.<i>.qkv", ".o", ".gate_up",
     ".down") over ``sequences`` run one at a time (so row 0 is each sequence's first token)
     through the float model on ``device``."""
-    from ..llama import paddle
-    from anychip.ops.dispatch import place
-
     model = LlamaForCausalLM(checkpoint, device)
     stats = {}
     for i, layer in enumerate(model.blocks):

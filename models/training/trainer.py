@@ -24,7 +24,7 @@ from anychip.paddle_frontend import import_paddle
 from ..checkpoint import Checkpoint
 from ..export import hf_metadata_files, hf_tensors
 from ..hf_folder import hf_name
-from ..lora import adapter_files
+from ..lora import CONFIG_FILE
 from . import checkpoints
 from .data import Example
 from .model import TrainableModel
@@ -184,8 +184,7 @@ class Trainer:
         if self.model.lora is None:
             config = self.base.config
             return hf_tensors(config, self.model.canonical_tensors()), hf_metadata_files(config, self.base.tokenizer)
-        files = adapter_files(self.model.lora, self.model.state())
-        return self.model.state(), {"lora_config.json": files["lora_config.json"]}
+        return self.model.state(), {CONFIG_FILE: self.model.lora.to_json().encode()}
 
     def _load_model_tensors(self, tensors: dict) -> None:
         if self.model.lora is None:
@@ -241,7 +240,7 @@ class Trainer:
         tensors, extra = self._model_files()
         from safetensors.numpy import save
 
-        marker = "config.json" if self.model.lora is None else "lora_config.json"
+        marker = "config.json" if self.model.lora is None else CONFIG_FILE
         _write_atomic(self.output / "model.safetensors", save(tensors, metadata={"format": "pt"}))
         for name, data in sorted(extra.items(), key=lambda item: item[0] == marker):
             _write_atomic(self.output / name, data)
