@@ -517,3 +517,49 @@ def test_op_x_int8_rejects_groups_not_of_32():
     with pytest.raises(OpArgumentError, match=r"layers\[0\]\.down: x_int8 needs K and group_size to be multiples"):
         op_weights(model, "cpu")
     op_weights(dict(model, x_int8=False), "cpu")
+
+
+@pytest.mark.parametrize("device, reference", [("cpu", False), ("npu", False), ("cpu", True)])
+def test_cache_rows_pick_each_sequences_row(device, reference):
+    """B sequences decoding in rows B+1 .. 2 (reversed) of a cache of B+2 rows get the logits and
+    cache updates they get in a cache of their own, and rows 0 and 1 are left alone."""
+    import anychip.ops as ops
+    from anychip.ops.decoder import _DecoderStep
+    from ops_helpers import host, tensor
+
+    model = make_model(15, dict.fromkeys(KINDS, FORMATS["int4-g32-offsets"]), True)
+    x, positions, k, v = make_state(15)
+    b = len(positions)
+    rows = list(range(b + 1, 1, -1))
+    wide = [np.random.default_rng(3).standard_normal((k.shape[0], b + 2) + k.shape[2:]).astype(np.float32)
+            for _ in range(2)]
+    for cache, own in zip(wide, (k, v)):
+        cache[:, rows] = own
+    untouched = [c[:, :2].copy() for c in wide]
+    want = op_step(model, (x, positions, k, v), device)
+    weights = op_weights(model, device)
+    kt, vt = tensor(wide[0], device), tensor(wide[1], device)
+    args = [tensor(x, device), tensor(positions, device), kt, vt, tensor(np.array(rows, np.int64), device)]
+    if reference:
+        logits = _DecoderStep(weights, positions.tolist(), rows).reference(*args)
+        np.testing.assert_allclose(host(logits), want[0], rtol=1e-4, atol=1e-4 * np.abs(want[0]).max())
+    else:
+        logits = ops.decoder_step(args[0], args[1], weights, kt, vt, cache_rows=args[4])
+        np.testing.assert_array_equal(host(logits), want[0])
+    for got, own, kept in zip((host(kt), host(vt)), want[1:], untouched):
+        np.testing.assert_allclose(got[:, rows], own, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(got[:, :2], kept)
+
+
+def test_cache_rows_must_be_distinct_rows_of_the_cache():
+    import anychip.ops as ops
+    from anychip.ops import OpArgumentError
+    from ops_helpers import tensor
+
+    model = make_model(16, dict.fromkeys(KINDS, FORMATS["f32"]), False)
+    x, positions, k, v = (tensor(a, "cpu") for a in make_state(16))
+    weights = op_weights(model, "cpu")
+    b = x.shape[0]
+    for rows, message in (([0] * b, "distinct"), ([5] + list(range(1, b)), "distinct rows"), ([0], r"\[batch\]")):
+        with pytest.raises(OpArgumentError, match=message):
+            ops.decoder_step(x, positions, weights, k, v, cache_rows=tensor(np.array(rows, np.int64), "cpu"))

@@ -202,20 +202,25 @@ class DecoderWeights:
 class _DecoderStep(OpImpl):
     name = OP
 
-    def __init__(self, weights: DecoderWeights, positions: list[int]):
-        self.weights, self.positions = weights, positions
+    def __init__(self, weights: DecoderWeights, positions: list[int], rows: list[int] | None = None):
+        self.weights, self.positions, self.rows = weights, positions, rows
 
-    def forward(self, kernel, x, positions, k_cache, v_cache):
+    def forward(self, kernel, x, positions, k_cache, v_cache, cache_rows=None):
         w = self.weights
         logits = empty([x.shape[0], w.vocab], "float32", w.device)
-        launch(kernel, OP, w.device, [x, positions] + w.tensors, [logits, k_cache, v_cache], w.attrs,
-               described=w.descriptors)
+        inputs, attrs = [x, positions], w.attrs
+        if cache_rows is not None:
+            inputs.append(cache_rows)
+            attrs = attrs + ([] if w.x_int8 else [0.0]) + [1.0]
+        launch(kernel, OP, w.device, inputs + w.tensors, [logits, k_cache, v_cache], attrs, described=w.descriptors)
         return logits, (), [logits]
 
-    def reference(self, x, positions, k_cache, v_cache):
+    def reference(self, x, positions, k_cache, v_cache, cache_rows=None):
         pd, w = paddle(), self.weights
         b, d = x.shape[0], w.head_dim
         hq, hk = w.num_heads, w.num_kv_heads
+        rows = self.rows if self.rows is not None else list(range(b))
+        row_index = pd.to_tensor(np.array(rows, np.int64), place=x.place)
         rope = _Rotary(w.theta, w.device)
         slots = np.arange(k_cache.shape[2])[None, :] <= np.array(self.positions)[:, None]
         visible = pd.to_tensor(slots.reshape(b, 1, 1, -1), place=x.place)
@@ -244,23 +249,26 @@ class _DecoderStep(OpImpl):
                 q, k, v = pd.split(qkv.reshape([b, 1, hq + 2 * hk, d]), [hq, hk, hk], axis=2)
                 q, k = rope.reference(q, k, positions.reshape([b, 1]))
                 for s, pos in enumerate(self.positions):
-                    k_cache[i, s, pos] = k[s, 0]
-                    v_cache[i, s, pos] = v[s, 0]
-                o, _lse = reference_attention(q, k_cache[i], v_cache[i], 1.0 / math.sqrt(d), False, visible)
+                    k_cache[i, rows[s], pos] = k[s, 0]
+                    v_cache[i, rows[s], pos] = v[s, 0]
+                keys, values = (pd.index_select(c[i], row_index) for c in (k_cache, v_cache))
+                o, _lse = reference_attention(q, keys, values, 1.0 / math.sqrt(d), False, visible)
                 h = h + linear(o.reshape([b, hq * d]), layer.o, hq * d)
                 g, u = pd.split(linear(norm(h, layer.ffn_norm), layer.gate_up, w.hidden), 2, axis=-1)
                 h = h + linear(pd.nn.functional.silu(g) * u, layer.down, w.intermediate)
             return linear(norm(h, w.final_norm), w.head, w.hidden)
 
 
-def decoder_step(x, positions, weights: DecoderWeights, k_cache, v_cache):
+def decoder_step(x, positions, weights: DecoderWeights, k_cache, v_cache, cache_rows=None):
     """One decode step: ``x`` float32 [B, C] (the new tokens' embeddings) at ``positions`` int64
     [B] (each sequence's position, also its cache slot) through every layer of ``weights`` ->
     logits float32 [B, V].
 
-    ``k_cache`` and ``v_cache`` float32 [L, B, S, Hk, D] are updated in place: each layer writes
-    slot ``positions[b]`` (k after RoPE) before attending over slots 0 .. positions[b]. Forward
-    only.
+    ``k_cache`` and ``v_cache`` float32 [L, R, S, Hk, D] are updated in place: each layer writes
+    slot ``positions[b]`` (k after RoPE) of sequence b's cache row before attending over slots
+    0 .. positions[b]. Sequence b's row is ``cache_rows[b]`` (int64 [B], distinct rows in
+    [0, R)), or b when ``cache_rows`` is None (then R = B): with rows, any B sequences of a cache
+    with room for R decode together, as continuous batching needs. Forward only.
     """
     if not isinstance(weights, DecoderWeights):
         _fail(f"weights must be a DecoderWeights, got {type(weights).__name__}")
@@ -275,13 +283,23 @@ def decoder_step(x, positions, weights: DecoderWeights, k_cache, v_cache):
     checks.shape(OP, "positions", positions, [b], "[batch]")
     checks.rank(OP, "k_cache", k_cache, 5, "[layers, batch, slots, kv_heads, head_dim]")
     s = k_cache.shape[2]
-    cache = [weights.num_layers, b, s, weights.num_kv_heads, weights.head_dim]
+    rows = None
+    if cache_rows is not None:
+        cache_rows = checks.tensor(OP, "cache_rows", cache_rows)
+        checks.dtype(OP, "cache_rows", cache_rows, ("int64",))
+        checks.shape(OP, "cache_rows", cache_rows, [b], "[batch]")
+        rows = cache_rows.numpy().tolist()
+        r = k_cache.shape[1]
+        if len(set(rows)) != len(rows) or any(not 0 <= row < r for row in rows):
+            _fail(f"cache_rows {rows} must be distinct rows of the cache's [0, {r})")
+    cache = [weights.num_layers, b if rows is None else k_cache.shape[1], s, weights.num_kv_heads, weights.head_dim]
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         checks.dtype(OP, name, t, ("float32",))
         checks.shape(OP, name, t, cache, "[layers, batch, slots, kv_heads, head_dim]")
         if not t.is_contiguous():
             _fail(f"{name} is not contiguous; it is updated in place")
-    for name, t in (("x", x), ("positions", positions), ("k_cache", k_cache), ("v_cache", v_cache)):
+    named = [("x", x), ("positions", positions), ("k_cache", k_cache), ("v_cache", v_cache)]
+    for name, t in named + ([("cache_rows", cache_rows)] if rows is not None else []):
         if device_of(t) != weights.device:
             _fail(f"{name} is on {device_label(device_of(t))} but the weights are on {device_label(weights.device)}")
     x = checks.contiguous(OP, "x", x, weights.device)
@@ -289,5 +307,6 @@ def decoder_step(x, positions, weights: DecoderWeights, k_cache, v_cache):
     for i, p in enumerate(pos):
         if not 0 <= p < s:
             _fail(f"positions[{i}] = {p} is outside the cache's slots [0, {s})")
-    return run(_DecoderStep(weights, pos), weights.device, "float32", x, positions, k_cache, v_cache,
+    extra = [] if rows is None else [cache_rows]
+    return run(_DecoderStep(weights, pos, rows), weights.device, "float32", x, positions, k_cache, v_cache, *extra,
                differentiable=False)

@@ -102,20 +102,24 @@
  *                    then the final norm and the output projection: the decode step of
  *                    generation in one launch. float32 only.
  *                    inputs: x f32[B, C] (the embedded tokens), positions int64[B] (the position
- *                    of each sequence's token, which is also its cache slot); per layer, in
+ *                    of each sequence's token, which is also its cache slot); cache_rows
+ *                    int64[B] (only when has_cache_rows: the distinct cache row of each
+ *                    sequence; else sequence b uses row b and R = B); per layer, in
  *                    order: attn_norm[C], LIN qkv (N = (Hq + 2 Hk) D, K = C: rows of q, then k,
  *                    then v), qkv_bias[(Hq + 2 Hk) D] (only when has_qkv_bias), LIN o (N = C,
  *                    K = Hq D), ffn_norm[C], LIN gate_up (N = 2 F, K = C: gate rows, then up
  *                    rows), LIN down (N = C, K = F); then final_norm[C] and LIN head (N = V,
  *                    K = C). A LIN is one input, a float32 weight W[N, K] (bits 0), or the
  *                    2 or 3 inputs qweight, scales, offsets? of weight_only_linear.
- *                    outputs: logits f32[B, V]; k_cache, v_cache f32[L, B, S, Hk, D], updated in
- *                    place: for every layer, slot positions[b] of sequence b is written before
+ *                    outputs: logits f32[B, V]; k_cache, v_cache f32[L, R, S, Hk, D], updated in
+ *                    place: for every layer, slot positions[b] of sequence b's row is written before
  *                    the attention of that layer reads slots [0, positions[b]] (pos < S).
  *                    attrs: L, Hq, Hk, D, F, eps, theta, has_qkv_bias, then (bits, group_size,
  *                    has_offsets) for each LIN kind in the order qkv, o, gate_up, down, head
  *                    (every layer shares the formats); then optionally x_int8 (absent: 0): the
- *                    quantized LINs take x as weight_only_linear does with x_int8 = 1.
+ *                    quantized LINs take x as weight_only_linear does with x_int8 = 1; then
+ *                    optionally has_cache_rows (absent: 0), which lets a batch of B sequences
+ *                    decode in any B of R cache rows (continuous batching: rows come and go).
  *                    Math per layer (h the residual stream, starting at x): a = rms_norm(h) *
  *                    attn_norm (eps); q, k, v = split(a W_qkv^T + qkv_bias); RoPE on q and k as
  *                    rotary_embedding with theta at positions[b]; cache slot written; o =

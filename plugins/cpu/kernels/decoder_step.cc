@@ -138,7 +138,9 @@ class Inputs {
 struct Step {
   const Model& m;
   int64_t b, s;
+  int64_t r;             // rows of the cache
   const int64_t* pos;
+  const int64_t* rows;   // the cache row of each sequence
   const float* x;
   float *logits, *k_cache, *v_cache;
   Isa isa;
@@ -226,8 +228,8 @@ void run(const Step& st, float* scratch) {
 
     for (int64_t l = 0; l < m.layers; ++l) {
       const Layer& layer = m.layer[l];
-      float* kc = st.k_cache + l * B * st.s * slot;
-      float* vc = st.v_cache + l * B * st.s * slot;
+      float* kc = st.k_cache + l * st.r * st.s * slot;
+      float* vc = st.v_cache + l * st.r * st.s * slot;
       for (int64_t b = 0; b < B; ++b) decoder::rms_norm_row(h + b * C, layer.attn_norm, C, m.eps, a + b * C, isa);
 
       decoder::gemv(layer.qkv, a, int8(layer.qkv, a), B, qkv_rows.begin, qkv_rows.end, qkv, nqkv, isa);
@@ -240,16 +242,16 @@ void run(const Step& st, float* scratch) {
       // also writes to the cache: no thread waits for another's RoPE.
       team.claim(l, static_cast<int64_t>(units.size()), [&](int64_t i) {
         const AttentionUnit& u = units[i];
-        const int64_t past = st.pos[u.b];
+        const int64_t past = st.pos[u.b], first = st.rows[u.b] * st.s;
         const float* row = qkv + u.b * nqkv;
         std::copy(row, row + (Hq + Hk) * D, q);
         for (int64_t hh = 0; hh < Hq + Hk; ++hh) decoder::rope_row(q + hh * D, cs + u.b * D, half);
         if (u.j1 == past + 1) {
-          std::copy(k, k + Hk * D, kc + (u.b * st.s + past) * slot);
-          std::copy(row + (Hq + Hk) * D, row + nqkv, vc + (u.b * st.s + past) * slot);
+          std::copy(k, k + Hk * D, kc + (first + past) * slot);
+          std::copy(row + (Hq + Hk) * D, row + nqkv, vc + (first + past) * slot);
         }
         for (int64_t hh = 0; hh < Hq; ++hh) {
-          const int64_t kh = hh / group, base = u.b * st.s * slot + kh * D;
+          const int64_t kh = hh / group, base = first * slot + kh * D;
           const decoder::Keys keys{kc + base, vc + base, slot, past, k + kh * D, row + (Hq + Hk + kh) * D};
           decoder::attend_block(keys, u.j0, u.j1, q + hh * D, D, scale, scores,
                                 parts + ((u.b * Hq + hh) * blocks + u.c) * part, isa);
@@ -286,9 +288,9 @@ void run(const Step& st, float* scratch) {
 ANYCHIP_CPU_KERNEL(decoder_step) {
   constexpr const char* kOp = "decoder_step";
   constexpr int kFormatAttrs = kFixedAttrs + kAttrsPerLin * kLinKinds;
-  if (call->num_attrs != kFormatAttrs && call->num_attrs != kFormatAttrs + 1)
-    return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: expected %d attrs (or %d with x_int8), got %d", kOp, kFormatAttrs,
-                kFormatAttrs + 1, call->num_attrs);
+  if (call->num_attrs < kFormatAttrs || call->num_attrs > kFormatAttrs + 2)
+    return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: expected %d attrs (then optionally x_int8, has_cache_rows), got %d",
+                kOp, kFormatAttrs, call->num_attrs);
   if (call->num_inputs < 2 || call->num_outputs != 3)
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: expected x, positions, the weights -> logits, k_cache, v_cache", kOp);
   Model m;
@@ -304,6 +306,9 @@ ANYCHIP_CPU_KERNEL(decoder_step) {
   if (x_int8 != 0.0 && x_int8 != 1.0)
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: x_int8 must be 0 or 1, got %g", kOp, x_int8);
   m.x_int8 = x_int8 == 1.0;
+  const double has_rows = attr(call, kFormatAttrs + 1, 0.0);
+  if (has_rows != 0.0 && has_rows != 1.0)
+    return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: has_cache_rows must be 0 or 1, got %g", kOp, has_rows);
   if (m.layers < 1 || m.layers > call->num_inputs || m.hq < 1 || m.hk < 1 || m.hq % m.hk != 0 || m.d < 2 || m.d % 2 != 0 || m.f < 1 ||
       !(m.eps > 0.0f) || !(m.theta > 0.0f))
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED,
@@ -326,7 +331,7 @@ ANYCHIP_CPU_KERNEL(decoder_step) {
   const AnychipTensor& vt = out(call, 2);
   if (xt.rank != 2 || logits.rank != 2 || kt.rank != 5)
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: x must be [B, C], logits [B, V], k_cache [L, B, S, Hk, D]", kOp);
-  const int64_t B = xt.shape[0], S = kt.shape[2];
+  const int64_t B = xt.shape[0], R = kt.shape[1], S = kt.shape[2];
   m.c = xt.shape[1];
   m.v = logits.shape[1];
   const int64_t nqkv = (m.hq + 2 * m.hk) * m.d;
@@ -334,6 +339,8 @@ ANYCHIP_CPU_KERNEL(decoder_step) {
   Inputs ins(call, m.x_int8);
   const float* x = ins.floats(-1, "x", "", {B, m.c});
   const auto* pos = static_cast<const int64_t*>(ins.take(-1, "positions", "", ANYCHIP_DTYPE_INT64, {B}));
+  const auto* given_rows =
+      has_rows == 1.0 ? static_cast<const int64_t*>(ins.take(-1, "cache_rows", "", ANYCHIP_DTYPE_INT64, {B})) : nullptr;
   m.layer.resize(static_cast<size_t>(m.layers));
   for (int l = 0; l < m.layers && ins.error.empty(); ++l) {
     Layer& y = m.layer[l];
@@ -349,13 +356,13 @@ ANYCHIP_CPU_KERNEL(decoder_step) {
   ins.lin(-1, "head", fmt[4], m.v, m.c, &m.head);
   if (!ins.all_taken()) return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: %s", kOp, ins.error.c_str());
 
-  const std::vector<int64_t> cache{m.layers, B, S, m.hk, m.d};
+  const std::vector<int64_t> cache{m.layers, given_rows ? R : B, S, m.hk, m.d};
   for (const AnychipTensor* t : {&kt, &vt}) {
     bool fits = t->dtype == ANYCHIP_DTYPE_FLOAT32 && t->rank == 5 && is_contiguous(*t);
     for (int i = 0; fits && i < 5; ++i) fits = t->shape[i] == cache[i];
     if (!fits)
       return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: %s must be contiguous float32 [%lld, %lld, %lld, %lld, %lld]",
-                  kOp, t == &kt ? "k_cache" : "v_cache", static_cast<long long>(m.layers), static_cast<long long>(B),
+                  kOp, t == &kt ? "k_cache" : "v_cache", static_cast<long long>(m.layers), static_cast<long long>(cache[1]),
                   static_cast<long long>(S), static_cast<long long>(m.hk), static_cast<long long>(m.d));
   }
   if (logits.dtype != ANYCHIP_DTYPE_FLOAT32 || logits.shape[0] != B || !is_contiguous(logits))
@@ -365,12 +372,21 @@ ANYCHIP_CPU_KERNEL(decoder_step) {
     if (pos[b] < 0 || pos[b] >= S)
       return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: positions[%lld] = %lld is outside the cache's [0, %lld)", kOp,
                   static_cast<long long>(b), static_cast<long long>(pos[b]), static_cast<long long>(S));
+  // Each sequence its own cache row: two sharing one would race on its slots.
+  std::vector<int64_t> rows(static_cast<size_t>(B));
+  std::vector<char> taken(static_cast<size_t>(cache[1]), 0);
+  for (int64_t b = 0; b < B; ++b) {
+    rows[b] = given_rows ? given_rows[b] : b;
+    if (rows[b] < 0 || rows[b] >= cache[1] || taken[rows[b]]++)
+      return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: cache_rows[%lld] = %lld is outside [0, %lld) or repeated", kOp,
+                  static_cast<long long>(b), static_cast<long long>(rows[b]), static_cast<long long>(cache[1]));
+  }
   if (B == 0 || m.v == 0) return ANYCHIP_OK;
 
   const int nthreads = threads(call);
   try {
     std::vector<float> scratch(static_cast<size_t>(shared_floats(m, B, S) + nthreads * own_floats(m, B)));
-    run(Step{m, B, S, pos, x, data<float>(logits), data<float>(kt), data<float>(vt), isa(), nthreads}, scratch.data());
+    run(Step{m, B, S, cache[1], pos, rows.data(), x, data<float>(logits), data<float>(kt), data<float>(vt), isa(), nthreads}, scratch.data());
   } catch (const std::bad_alloc&) {
     return fail(call, ANYCHIP_ERROR_OUT_OF_MEMORY, "%s: no memory for the step's buffers", kOp);
   }
