@@ -44,8 +44,9 @@ class GenerationStats:
                 "decode_s": round(self.decode_s, 4), "decode_tok_s": round(self.decode_tok_s, 1)}
 
 
-class _Sequence:
-    """One prompt's progress: its tokens, its text and what of it has been streamed."""
+class Sequence:
+    """One prompt's progress: its tokens, its text (cut at a stop string) and what of it has been
+    streamed; shared by batch generation and the server's engine."""
 
     def __init__(self, prompt: list[int], tokenizer, params: SamplingParams):
         self.prompt, self.tokenizer, self.params = prompt, tokenizer, params
@@ -104,7 +105,7 @@ class Generator:
                 raise ValueError(f"prompt {i} has token ids outside the vocabulary [0, {vocab})")
         device = self.model.device
         rng = np.random.default_rng(params.seed)
-        seqs = [_Sequence(p, self.tokenizer, params) for p in prompts]
+        seqs = [Sequence(p, self.tokenizer, params) for p in prompts]
         lengths = np.array([len(p) for p in prompts], dtype=np.int64)
         width = int(lengths.max())
         cache = KVCache(self.model.config, len(prompts), width + params.max_new_tokens, device)

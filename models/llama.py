@@ -110,10 +110,11 @@ class LlamaForCausalLM(paddle.nn.Layer):
     # ---- op by op: prefill, and decode where the device has no decoder_step kernel ----------
 
     def forward(self, tokens, positions, cache: KVCache | None = None, start: int = 0, last_index=None,
-                startend_row_indices=None, rows=None, recompute: bool = False):
+                startend_row_indices=None, rows=None, recompute: bool = False, cache_rows: list[int] | None = None):
         """Logits for ``tokens`` [B, T] at ``positions`` [B, T] (int64). With ``cache``, the
-        tokens' keys and values are written at slots ``start .. start + T`` and attention reads
-        slots ``0 .. start + T`` (causal). ``last_index`` [B] (int64): return only the logits of
+        tokens' keys and values are written at slots ``start .. start + T`` of cache row
+        ``cache_rows[b]`` (default: row b of a cache of B rows) and attention reads slots
+        ``0 .. start + T`` (causal). ``last_index`` [B] (int64): return only the logits of
         those positions, [B, V], as generation needs, instead of [B, T, V].
 
         Training: ``startend_row_indices`` [B, 1, T, 1] (int32) is the FlashMask of packed
@@ -127,7 +128,7 @@ class LlamaForCausalLM(paddle.nn.Layer):
         residual = None
         for i, layer in enumerate(self.blocks):
             def block(h, residual, i=i, layer=layer):
-                return self._block(i, layer, h, residual, positions, cache, start, startend_row_indices)
+                return self._block(i, layer, h, residual, positions, cache, start, startend_row_indices, cache_rows)
 
             # The first layer hands its input h through unchanged, which Paddle's recompute
             # cannot return; it keeps its activations (1/L of them).
@@ -143,7 +144,8 @@ class LlamaForCausalLM(paddle.nn.Layer):
             h = paddle.gather(h.reshape([b * t, c.hidden_size]), rows)
         return self.head(ops.rms_norm(h, self.norm, c.rms_eps))
 
-    def _block(self, i: int, layer: DecoderLayer, h, residual, positions, cache, start, startend_row_indices):
+    def _block(self, i: int, layer: DecoderLayer, h, residual, positions, cache, start, startend_row_indices,
+               cache_rows=None):
         """One decoder layer: returns the new (h, residual), the residual add of its MLP output
         left to the next layer's fused norm."""
         c = self.config
@@ -156,7 +158,7 @@ class LlamaForCausalLM(paddle.nn.Layer):
         if startend_row_indices is not None:
             attn = ops.flashmask_attention(q, k, v, startend_row_indices, causal=True)
         else:
-            attn = self._attend(i, q, k, v, cache, start)
+            attn = self._attend(i, q, k, v, cache, start, cache_rows)
         residual = layer.o(attn.reshape([b, t, c.num_heads * c.head_dim]))
         m, h = ops.rms_norm(h, layer.ffn_norm, c.rms_eps, residual=residual)
         gate, up = paddle.split(layer.gate_up(m), 2, axis=-1)
@@ -169,37 +171,48 @@ class LlamaForCausalLM(paddle.nn.Layer):
         q, k = ops.rotary_embedding(q.reshape([b, t, hq, d]), k.reshape([b, t, hk, d]), positions, c.rope_theta)
         return q, k, v.reshape([b, t, hk, d])
 
-    def _attend(self, layer: int, q, k, v, cache: KVCache | None, start: int):
+    def _attend(self, layer: int, q, k, v, cache: KVCache | None, start: int, cache_rows: list[int] | None):
         if cache is None:
             return ops.attention(q, k, v, causal=True)
         b, t = q.shape[0], q.shape[1]
-        cache.k[layer, :, start:start + t] = k
-        cache.v[layer, :, start:start + t] = v
+        if cache_rows is None:
+            cache_rows = list(range(b))
+            cache.k[layer, :, start:start + t] = k
+            cache.v[layer, :, start:start + t] = v
+        else:
+            for i, row in enumerate(cache_rows):
+                cache.k[layer, row, start:start + t] = k[i]
+                cache.v[layer, row, start:start + t] = v[i]
         if start == 0:
             return ops.attention(q, k, v, causal=True)
         # One sequence at a time: its cache rows are a dense view, which every device can read
-        return paddle.concat([ops.attention(q[i:i + 1], *cache.view(layer, i, start + t), causal=True)
-                              for i in range(b)], axis=0)
+        return paddle.concat([ops.attention(q[i:i + 1], *cache.view(layer, row, start + t), causal=True)
+                              for i, row in enumerate(cache_rows)], axis=0)
 
     # ---- decode ----------------------------------------------------------------------------
 
     def has_fused_decode(self) -> bool:
         return registry().kernels.find("decoder_step", self.device[0], "float32") is not None
 
-    def decode(self, tokens, positions, cache: KVCache, fused: bool = True):
+    def decode(self, tokens, positions, cache: KVCache, fused: bool = True, cache_rows: list[int] | None = None):
         """Next-token logits [B, V] for one token per sequence, ``tokens`` [B] at ``positions``
-        [B] (each sequence's own length so far), through the cache. An A8W8 model's fused step
+        [B] (each sequence's own length so far), through the cache: sequence b in row
+        ``cache_rows[b]`` (default b, with B the cache's rows). An A8W8 model's fused step
         quantizes activations per run of 32 rather than per token (see the class doc)."""
         has_kernel = fused and self.has_fused_decode()
         if has_kernel and self._fused_ok:
-            return ops.decoder_step(self.embed(tokens), positions, self._fused_weights(), cache.k, cache.v)
+            rows = None
+            if cache_rows is not None:
+                rows = paddle.to_tensor(np.asarray(cache_rows, dtype=np.int64), place=place(self.device))
+            return ops.decoder_step(self.embed(tokens), positions, self._fused_weights(), cache.k, cache.v,
+                                    cache_rows=rows)
         if fused and not has_kernel:  # (weights the fused step cannot take are no device fallback)
             fallback.record_op_fallback(self.device[0], "decoder_step", "float32",
                                         f"no decoder_step kernel on {self.device[0]}: decoding op by op")
         rows = []
         pos = positions.numpy()
         for i in range(tokens.shape[0]):  # sequences differ in length: one cache view each
-            rows.append(self._decode_one(tokens[i:i + 1], int(pos[i]), cache, i))
+            rows.append(self._decode_one(tokens[i:i + 1], int(pos[i]), cache, i if cache_rows is None else cache_rows[i]))
         return paddle.concat(rows, axis=0)
 
     def _decode_one(self, token, pos: int, cache: KVCache, row: int):

@@ -1,0 +1,60 @@
+"""``anychip serve``: an OpenAI-compatible HTTP server with continuous batching and a chat page."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from .session import add_model_flags, open_session
+
+
+def add_parser(sub, common):
+    p = sub.add_parser(
+        "serve", parents=[common], help="serve a model over an OpenAI-compatible HTTP API, with a chat page",
+        description="Serve a model on any device: /v1/chat/completions and /v1/completions (OpenAI's request "
+                    "and response shapes, stream: true as server-sent events), /v1/models, /health, /metrics "
+                    "(Prometheus) and a chat page at /. Requests join the running batch between decode steps "
+                    "(continuous batching). Example: anychip serve --device npu --port 8000, then open "
+                    "http://127.0.0.1:8000/ or point any OpenAI client at http://127.0.0.1:8000/v1.")
+    add_model_flags(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    p.add_argument("--max-batch", type=int, default=16, metavar="N",
+                   help="requests decoding together, one KV cache row each (default 16)")
+    p.add_argument("--max-len", type=int, default=None, metavar="N",
+                   help="tokens one request may hold, prompt and completion together: the length of a cache row "
+                        "(default 1024, or the model's context if shorter)")
+    p.add_argument("--max-tokens-in-flight", type=int, default=None, metavar="N",
+                   help="prompt plus max_tokens summed over the running requests; more wait in the queue "
+                        "(default: max-batch x max-len, every slot)")
+    p.add_argument("--max-queue", type=int, default=256, metavar="N",
+                   help="requests that may wait for a row; beyond, new ones get 503 (default 256)")
+    p.add_argument("--served-name", metavar="NAME", help="the model id clients send (default: the --model value)")
+    p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
+                   help="uvicorn's log level (default warning)")
+
+
+def run(args) -> int:
+    import uvicorn
+
+    from ..serving.engine import Engine, EngineConfig
+    from ..serving.server import ServedModel, create_app
+
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    session = open_session(args)
+    model = session.generator.model
+    config = EngineConfig(max_batch=args.max_batch, max_len=args.max_len or min(1024, model.config.max_position),
+                          max_tokens_in_flight=args.max_tokens_in_flight, max_queue=args.max_queue)
+    engine = Engine(model, session.tokenizer, config, fused=session.generator.fused)
+    name = args.served_name or (Path(args.model).name if Path(args.model).exists() else args.model)
+    served = ServedModel(name, {session.model_name, args.model}, session.device, session.simulated, session.weights)
+    note = " (simulated: host speed)" if session.simulated else ""
+    print(f"anychip serve: {name} on {session.device}{note}, {config.max_batch} rows x {config.max_len} tokens of "
+          f"KV cache ({engine.cache_bytes / 2**20:.0f} MiB); http://{args.host}:{args.port}/", file=sys.stderr)
+    engine.start()
+    try:
+        uvicorn.run(create_app(engine, served), host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        engine.stop()
+    return 0

@@ -1,0 +1,300 @@
+"""Continuous batching: one thread owns the model on its device and runs the scheduler loop.
+
+Between two decode steps the loop drops cancelled requests, admits waiting ones while a cache row
+and the token budget allow (each prefilled alone into its row), then decodes one token for every
+running request in one ``decode`` call over their rows. A request leaves the batch the step it
+finishes, and its row is free for the next. The KV cache is slot-based: ``max_batch`` rows of
+``max_len`` token slots, allocated once at start, so memory never grows with load; a request
+reserves its prompt plus its ``max_new_tokens`` of the ``max_tokens_in_flight`` budget, waits in
+the queue while they are taken, and is refused (:class:`EngineBusy`) when the queue is full.
+
+Callers (the HTTP server) never touch the model: they ``submit`` token ids with sampling
+parameters and receive :class:`Event` s through a callback, from the engine's thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..generate import Completion, Sequence
+from ..llama import KVCache, LlamaForCausalLM, paddle
+from ..sampling import SamplingParams, sample
+from anychip.ops.dispatch import place
+
+
+class EngineBusy(RuntimeError):
+    """The queue is full: the caller should retry later (HTTP 503)."""
+
+
+class RequestTooLong(ValueError):
+    """Prompt plus completion would not fit one cache row (HTTP 400)."""
+
+
+@dataclass
+class EngineConfig:
+    max_batch: int = 16                   # cache rows: requests decoding together
+    max_len: int = 1024                   # slots per row: one request's prompt + completion
+    max_tokens_in_flight: int | None = None  # reserved tokens of running requests; None: all slots
+    max_queue: int = 256                  # waiting requests before new ones are refused
+
+    def validate(self, context: int) -> None:
+        for name in ("max_batch", "max_len", "max_queue"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_len > context:
+            raise ValueError(f"max_len {self.max_len} exceeds the model's context of {context} tokens")
+        if self.max_tokens_in_flight is not None and self.max_tokens_in_flight < 2:
+            raise ValueError(f"max_tokens_in_flight must be >= 2, got {self.max_tokens_in_flight}")
+
+    @property
+    def budget(self) -> int:
+        return self.max_tokens_in_flight or self.max_batch * self.max_len
+
+
+@dataclass
+class Event:
+    """What a request's callback receives: ``text`` pieces in order, then one ``done`` (with the
+    completion) or one ``error`` (with a message)."""
+
+    kind: str
+    text: str = ""
+    completion: Completion | None = None
+    error: str = ""
+
+
+@dataclass
+class Handle:
+    """A submitted request. ``cancel()`` (from any thread) frees its row at the next step."""
+
+    id: int
+    prompt: list[int]
+    params: SamplingParams
+    on_event: Callable[[Event], None]
+    submitted: float = field(default_factory=time.perf_counter)
+    first_token: float | None = None
+    cancelled: bool = False
+    _engine: Engine | None = None
+
+    @property
+    def reserved(self) -> int:
+        return len(self.prompt) + self.params.max_new_tokens
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        if self._engine is not None:
+            self._engine.wake()
+
+
+class _Running:
+    """A request holding a cache row."""
+
+    def __init__(self, handle: Handle, row: int, tokenizer):
+        self.handle, self.row = handle, row
+        self.seq = Sequence(handle.prompt, tokenizer, handle.params)
+        self.rng = np.random.default_rng(handle.params.seed)
+
+    @property
+    def position(self) -> int:
+        """Where the last sampled token goes in the cache."""
+        return len(self.handle.prompt) + len(self.seq.out.tokens) - 1
+
+
+@dataclass
+class Metrics:
+    """Counters since start; the server renders them for Prometheus."""
+
+    requests: dict = field(default_factory=lambda: {"stop": 0, "length": 0, "cancelled": 0, "error": 0})
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    decode_steps: int = 0
+    ttft_sum: float = 0.0
+    ttft_count: int = 0
+    ttft_buckets: dict = field(default_factory=lambda: dict.fromkeys((0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), 0))
+    recent: deque = field(default_factory=lambda: deque(maxlen=256))  # (time, tokens) of recent steps
+
+    def tokens_per_second(self, window: float = 10.0) -> float:
+        now = time.perf_counter()
+        steps = [(t, n) for t, n in list(self.recent) if now - t <= window]
+        if len(steps) < 2:
+            return 0.0
+        return sum(n for _, n in steps[1:]) / max(steps[-1][0] - steps[0][0], 1e-9)
+
+
+class Engine:
+    """Serves ``model`` (already on its device) with ``tokenizer`` under ``config``."""
+
+    def __init__(self, model: LlamaForCausalLM, tokenizer, config: EngineConfig | None = None, fused: bool = True):
+        self.model, self.tokenizer, self.fused = model, tokenizer, fused
+        self.config = config or EngineConfig()
+        self.config.validate(model.config.max_position)
+        self.cache = KVCache(model.config, self.config.max_batch, self.config.max_len, model.device)
+        self.metrics = Metrics()
+        self._cond = threading.Condition()
+        self._waiting: deque[Handle] = deque()
+        self._running: list[_Running] = []
+        self._free_rows = list(range(self.config.max_batch))
+        self._ids = itertools.count(1)
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="anychip-engine", daemon=True)
+
+    @property
+    def cache_bytes(self) -> int:
+        return 2 * int(np.prod(self.cache.k.shape)) * 4
+
+    # ---- called from any thread ----------------------------------------------------------------
+
+    def start(self) -> Engine:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join()
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    def submit(self, prompt: list[int], params: SamplingParams, on_event: Callable[[Event], None]) -> Handle:
+        """Queues a request; raises ValueError (bad parameters), RequestTooLong or EngineBusy
+        before anything runs."""
+        params.validate()
+        if not prompt:
+            raise ValueError("the prompt has no tokens")
+        vocab = self.model.config.vocab_size
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise ValueError(f"the prompt has token ids outside the vocabulary [0, {vocab})")
+        handle = Handle(next(self._ids), list(prompt), params, on_event, _engine=self)
+        if handle.reserved > self.config.max_len:
+            raise RequestTooLong(f"the prompt ({len(prompt)} tokens) plus max_tokens ({params.max_new_tokens}) is "
+                                 f"{handle.reserved} tokens; this server holds at most {self.config.max_len} per "
+                                 "request")
+        with self._cond:
+            if self._stopping:
+                raise EngineBusy("the server is shutting down")
+            if len(self._waiting) >= self.config.max_queue:
+                raise EngineBusy(f"{len(self._waiting)} requests are already waiting; retry later")
+            self._waiting.append(handle)
+            self._cond.notify()
+        return handle
+
+    def snapshot(self) -> dict:
+        """Gauges for /metrics and /health."""
+        with self._cond:
+            return {"queue_depth": sum(not h.cancelled for h in self._waiting), "running": len(self._running),
+                    "reserved_tokens": sum(r.handle.reserved for r in self._running)}
+
+    # ---- the engine thread ---------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        with paddle.no_grad():
+            while True:
+                with self._cond:
+                    while not (self._stopping or self._waiting or self._running):
+                        self._cond.wait()
+                    if self._stopping:
+                        break
+                    admitted = self._admit()
+                try:
+                    for request in admitted:
+                        self._prefill(request)
+                    self._drop_cancelled()
+                    if self._running:
+                        self._decode()
+                except Exception as e:  # a kernel failure ends the batch, not the server
+                    print(f"anychip serve: step failed: {e}", file=sys.stderr)
+                    for request in list(self._running):
+                        self._finish(request, error=f"generation failed on {self.model.device[0]}: {e}")
+        for request in list(self._running):
+            self._finish(request, error="the server is shutting down")
+
+    def _admit(self) -> list[_Running]:
+        """Under the lock: waiting requests (in order) that a free row and the budget take."""
+        admitted = []
+        reserved = sum(r.handle.reserved for r in self._running)
+        while self._waiting and self._free_rows:
+            handle = self._waiting[0]
+            if handle.cancelled:
+                self._waiting.popleft()
+                self._count("cancelled")
+                continue
+            if reserved + handle.reserved > self.config.budget:
+                break
+            self._waiting.popleft()
+            reserved += handle.reserved
+            request = _Running(handle, self._free_rows.pop(0), self.tokenizer)
+            self._running.append(request)
+            admitted.append(request)
+        return admitted
+
+    def _tensor(self, array):
+        return paddle.to_tensor(array, place=place(self.model.device))
+
+    def _prefill(self, request: _Running) -> None:
+        ids = np.asarray([request.handle.prompt], dtype=np.int64)
+        n = ids.shape[1]
+        logits = self.model(self._tensor(ids), self._tensor(np.arange(n, dtype=np.int64)[None]), self.cache,
+                            last_index=self._tensor(np.array([n - 1])), cache_rows=[request.row])
+        self.metrics.prompt_tokens += n
+        self._take(request, logits.numpy()[0])
+
+    def _decode(self) -> None:
+        batch = list(self._running)
+        tokens = np.array([r.seq.out.tokens[-1] for r in batch], dtype=np.int64)
+        positions = np.array([r.position for r in batch], dtype=np.int64)
+        logits = self.model.decode(self._tensor(tokens), self._tensor(positions), self.cache, fused=self.fused,
+                                   cache_rows=[r.row for r in batch]).numpy()
+        self.metrics.decode_steps += 1
+        self.metrics.recent.append((time.perf_counter(), len(batch)))
+        for request, row in zip(batch, logits):
+            self._take(request, row)
+
+    def _take(self, request: _Running, logits: np.ndarray) -> None:
+        """Samples the request's next token from its logits and passes on what became final."""
+        seq, handle = request.seq, request.handle
+        token = sample(logits, handle.params, request.rng, seq.prompt + seq.out.tokens)
+        if handle.first_token is None:
+            handle.first_token = time.perf_counter()
+            ttft = handle.first_token - handle.submitted
+            self.metrics.ttft_sum += ttft
+            self.metrics.ttft_count += 1
+            for bound in self.metrics.ttft_buckets:
+                self.metrics.ttft_buckets[bound] += ttft <= bound
+        before = len(seq.out.tokens)
+        seq.add(token)
+        self.metrics.completion_tokens += len(seq.out.tokens) - before
+        if (piece := seq.new_text()) and not handle.cancelled:
+            handle.on_event(Event("text", text=piece))
+        if seq.done:
+            self._finish(request)
+
+    def _drop_cancelled(self) -> None:
+        for request in [r for r in self._running if r.handle.cancelled]:
+            self._finish(request, cancelled=True)
+
+    def _finish(self, request: _Running, error: str = "", cancelled: bool = False) -> None:
+        with self._cond:
+            self._running.remove(request)
+            self._free_rows.append(request.row)
+        handle = request.handle
+        if error:
+            self._count("error")
+            handle.on_event(Event("error", error=error))
+        elif cancelled:
+            self._count("cancelled")
+        else:
+            self._count(request.seq.out.finish_reason)
+            handle.on_event(Event("done", completion=request.seq.out))
+
+    def _count(self, outcome: str) -> None:
+        self.metrics.requests[outcome] = self.metrics.requests.get(outcome, 0) + 1

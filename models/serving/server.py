@@ -1,0 +1,217 @@
+"""The HTTP side of ``anychip serve``: a Starlette app exposing the engine through OpenAI's API
+(``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``), ``/health``, Prometheus
+``/metrics`` and the chat page at ``/``.
+
+Handlers run on the event loop and never touch the model: they parse and check a request, hand
+it to the :class:`~.engine.Engine`, and relay its events (delivered from the engine's thread
+through ``call_soon_threadsafe``) as one JSON response or as server-sent events. A client that
+goes away cancels its request, which frees its cache row at the engine's next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.routing import Route
+
+from .engine import Engine, EngineBusy, Event, RequestTooLong
+from .openai_api import APIError, Shaper, check_model, parse
+
+PAGE = Path(__file__).with_name("static") / "chat.html"
+DISCONNECT_POLL_S = 0.5
+
+
+@dataclass
+class ServedModel:
+    """What the server says about itself."""
+
+    id: str              # the name clients put in "model"
+    aliases: set[str]    # other names accepted for it
+    device: str
+    simulated: bool
+    weights: str
+
+    @property
+    def fingerprint(self) -> str:
+        return f"anychip-{self.device}" + ("-simulated" if self.simulated else "")
+
+
+def _error(e: APIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+def _sse(obj) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def create_app(engine: Engine, served: ServedModel) -> Starlette:
+    rejected: dict[int, int] = {}
+    names = {served.id} | served.aliases
+
+    def refuse(e: APIError) -> JSONResponse:
+        rejected[e.status] = rejected.get(e.status, 0) + 1
+        return _error(e)
+
+    async def completions(request: Request, kind: str):
+        try:
+            try:
+                body = json.loads(await request.body())
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise APIError(400, f"the request body is not valid JSON: {e}") from None
+            if isinstance(body, dict):
+                check_model(body, names)
+            parsed = parse(body, kind, engine.tokenizer, engine.config.max_len)
+            loop = asyncio.get_running_loop()
+            events: asyncio.Queue[Event] = asyncio.Queue()
+
+            def deliver(event: Event) -> None:
+                try:
+                    loop.call_soon_threadsafe(events.put_nowait, event)
+                except RuntimeError:  # the loop has closed: nobody is listening
+                    pass
+
+            try:
+                handle = engine.submit(parsed.prompt, parsed.params, deliver)
+            except RequestTooLong as e:
+                raise APIError(400, str(e), code="context_length_exceeded") from None
+            except EngineBusy as e:
+                raise APIError(503, str(e), code="overloaded", kind="server_error") from None
+            except ValueError as e:
+                raise APIError(400, str(e)) from None
+        except APIError as e:
+            return refuse(e)
+        shaper = Shaper(kind, served.id, served.fingerprint)
+        if parsed.stream:
+            return StreamingResponse(_stream(handle, events, shaper, parsed.include_usage),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return await _collect(request, handle, events, shaper)
+
+    async def chat_completions(request: Request):
+        return await completions(request, "chat")
+
+    async def text_completions(request: Request):
+        return await completions(request, "completion")
+
+    async def models(_request: Request):
+        return JSONResponse({"object": "list", "data": [
+            {"id": served.id, "object": "model", "created": 0, "owned_by": "anychip",
+             "device": served.device, "simulated": served.simulated, "weights": served.weights,
+             "max_model_len": engine.config.max_len}]})
+
+    async def health(_request: Request):
+        return JSONResponse({"status": "ok", "model": served.id, "device": served.device,
+                             "simulated": served.simulated, **engine.snapshot(),
+                             "max_batch": engine.config.max_batch, "max_len": engine.config.max_len})
+
+    async def metrics(_request: Request):
+        return PlainTextResponse(render_metrics(engine, served, rejected),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def page(_request: Request):
+        return HTMLResponse(PAGE.read_text(encoding="utf-8"))
+
+    async def not_found(request: Request, _exc):
+        return _error(APIError(404, f"no route {request.method} {request.url.path}", code="not_found"))
+
+    async def not_allowed(request: Request, _exc):
+        return _error(APIError(405, f"{request.method} is not allowed on {request.url.path}", code="method_not_allowed"))
+
+    return Starlette(routes=[
+        Route("/", page),
+        Route("/health", health),
+        Route("/metrics", metrics),
+        Route("/v1/models", models),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", text_completions, methods=["POST"]),
+    ], exception_handlers={404: not_found, 405: not_allowed})
+
+
+async def _collect(request: Request, handle, events: asyncio.Queue, shaper: Shaper) -> JSONResponse:
+    """Waits for the whole completion, cancelling it if the client disconnects meanwhile."""
+    parts = []
+    try:
+        while True:
+            try:
+                event = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    handle.cancel()
+                    return JSONResponse({}, status_code=499)
+                continue
+            if event.kind == "text":
+                parts.append(event.text)
+            elif event.kind == "error":
+                return _error(APIError(500, event.error, code="generation_failed", kind="server_error"))
+            else:
+                c = event.completion
+                return JSONResponse(shaper.full("".join(parts), c.finish_reason, c.prompt_tokens, len(c.tokens)))
+    except asyncio.CancelledError:
+        handle.cancel()
+        raise
+
+
+async def _stream(handle, events: asyncio.Queue, shaper: Shaper, include_usage: bool):
+    """Server-sent events as OpenAI sends them; closing the stream early cancels the request."""
+    finished = False
+    try:
+        yield _sse(shaper.chunk(text="" if shaper.kind == "chat" else None, first=True))
+        while True:
+            event = await events.get()
+            if event.kind == "text":
+                yield _sse(shaper.chunk(text=event.text))
+            elif event.kind == "error":
+                finished = True
+                yield _sse(APIError(500, event.error, code="generation_failed", kind="server_error").body())
+                break
+            else:
+                finished = True
+                c = event.completion
+                yield _sse(shaper.chunk(finish_reason=c.finish_reason))
+                if include_usage:
+                    yield _sse(shaper.usage_chunk(c.prompt_tokens, len(c.tokens)))
+                break
+        yield "data: [DONE]\n\n"
+    finally:
+        if not finished:
+            handle.cancel()
+
+
+def render_metrics(engine: Engine, served: ServedModel, rejected: dict[int, int]) -> str:
+    """The Prometheus text exposition of the engine's counters and gauges."""
+    m, now = engine.metrics, engine.snapshot()
+    out = []
+
+    def metric(name, kind, help_text, samples):
+        out.append(f"# HELP anychip_{name} {help_text}")
+        out.append(f"# TYPE anychip_{name} {kind}")
+        for labels, value in samples:
+            label = "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else ""
+            out.append(f"anychip_{name}{label} {value}")
+
+    metric("info", "gauge", "The served model and device (simulated: host speed).",
+           [({"model": served.id, "device": served.device, "simulated": str(served.simulated).lower()}, 1)])
+    metric("requests_total", "counter", "Requests that left the engine, by outcome.",
+           [({"outcome": k}, v) for k, v in sorted(m.requests.items())])
+    metric("rejected_requests_total", "counter", "Requests refused before generation, by HTTP status.",
+           [({"status": str(k)}, v) for k, v in sorted(rejected.items())])
+    metric("prompt_tokens_total", "counter", "Prompt tokens prefilled.", [({}, m.prompt_tokens)])
+    metric("completion_tokens_total", "counter", "Tokens generated.", [({}, m.completion_tokens)])
+    metric("decode_steps_total", "counter", "Batched decode steps.", [({}, m.decode_steps)])
+    metric("tokens_per_second", "gauge", "Decode throughput over the last 10 s.", [({}, round(m.tokens_per_second(), 2))])
+    metric("queue_depth", "gauge", "Requests waiting for a cache row.", [({}, now["queue_depth"])])
+    metric("batch_size", "gauge", "Requests decoding together now.", [({}, now["running"])])
+    metric("reserved_tokens", "gauge", "Prompt plus max tokens of the running requests.", [({}, now["reserved_tokens"])])
+    out.append("# HELP anychip_time_to_first_token_seconds From submission to the first generated token.")
+    out.append("# TYPE anychip_time_to_first_token_seconds histogram")
+    for bound, count in sorted(m.ttft_buckets.items()):  # each bucket already counts every ttft <= its bound
+        out.append(f'anychip_time_to_first_token_seconds_bucket{{le="{bound}"}} {count}')
+    out.append(f'anychip_time_to_first_token_seconds_bucket{{le="+Inf"}} {m.ttft_count}')
+    out.append(f"anychip_time_to_first_token_seconds_sum {round(m.ttft_sum, 6)}")
+    out.append(f"anychip_time_to_first_token_seconds_count {m.ttft_count}")
+    return "\n".join(out) + "\n"
