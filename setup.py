@@ -67,13 +67,14 @@ setup(
     packages=["anychip", "anychip.runtime", "anychip.cli", "anychip.ops",
               "anychip_plugins", "anychip_plugins.cpu", "anychip_plugins.gpu", "anychip_plugins.xpu",
               "anychip_plugins.npu", "anychip_plugins.gcu", "anychip_plugins.dcu", "anychip_models", "anychip_models.cli",
-              "anychip_models.training", "anychip_models.quantization"],
+              "anychip_models.training", "anychip_models.quantization", "anychip_models.serving"],
     package_data={"anychip": ["include/anychip/*.h", "templates/plugin/*", "templates/plugin/*/*"],
-                  "anychip_models": ["training/sample_data/*.jsonl", "training/sample_data/*.json", "eval_data/*.txt"]},
+                  "anychip_models": ["training/sample_data/*.jsonl", "training/sample_data/*.json", "eval_data/*.txt",
+                                     "serving/static/*"]},
     ext_modules=[Extension(name, sources=[]) for name, _var in LIBRARIES],
     cmdclass={"build_ext": CMakeBuild},
     install_requires=["numpy", "pluggy>=1.3", "paddlepaddle==3.3.1", "gguf>=0.19,<0.20", "tokenizers>=0.15", "jinja2>=3.1",
-                      "safetensors>=0.4", "tqdm>=4.60", "matplotlib>=3.5"],
+                      "safetensors>=0.4", "tqdm>=4.60", "matplotlib>=3.5", "starlette>=0.40", "uvicorn>=0.30"],
     entry_points={
         "console_scripts": ["anychip = anychip.cli.main:main"],
         "anychip.commands": [
@@ -84,6 +85,7 @@ setup(
             "lora = anychip_models.cli.lora",
             "eval = anychip_models.cli.eval",
             "quantize = anychip_models.cli.quantize",
+            "serve = anychip_models.cli.serve",
         ],
         "anychip.plugins": [
             f"{chip} = anychip_plugins.{chip}" for chip in ("cpu", "gpu", "xpu", "npu", "gcu", "dcu")
