@@ -133,15 +133,21 @@ def test_gptq_beats_rtn_on_correlated_inputs(bits, group_size, margin):
 
 
 @pytest.mark.parametrize("bits,group_size", CASES)
-def test_gptq_with_identity_hessian_is_rtn(bits, group_size):
-    """No correlation, no error feedback: GPTQ rounds to nearest (damping only scales H)."""
+def test_gptq_with_identity_hessian_rounds_to_nearest(bits, group_size):
+    """No correlation, no error feedback: GPTQ rounds each weight to the nearest step of its
+    searched scale (damping only scales H), a scale at most abs-max's that errs no more than RTN."""
     rng = np.random.default_rng(7)
     w = rng.standard_normal((N, K))
     r = rtn(w, bits, group_size)
+    qmax = 2 ** (bits - 1) - 1
+    gs = K if group_size == -1 else group_size
     for act_order in (False, True):
         g = gptq(w, np.eye(K), bits, group_size, act_order=act_order)
-        np.testing.assert_array_equal(g.qweight, r.qweight)
-        np.testing.assert_array_equal(g.scales, r.scales)
+        assert np.all(g.scales <= r.scales) and np.any(g.scales < r.scales)
+        step = np.repeat(g.scales.astype(np.float64), gs, axis=1)
+        nearest = np.clip(np.sign(w) * np.floor(np.abs(w) / step + 0.5), -qmax, qmax)
+        np.testing.assert_array_equal(quant_codes(g), nearest)
+        assert np.linalg.norm(w - g.dequantize()) < np.linalg.norm(w - r.dequantize())
 
 
 @pytest.mark.parametrize("group_size", [64, 128, -1])

@@ -117,6 +117,22 @@ def _group_scales(cols: np.ndarray, qmax: int) -> np.ndarray:
     return (np.abs(cols).max(axis=1) / qmax).astype(np.float32).astype(np.float64)
 
 
+def _searched_scales(cols: np.ndarray, qmax: int, weight: np.ndarray, shrink: float = 0.75,
+                     steps: int = 26) -> np.ndarray:
+    """Scales [N] for the weights cols [N, g]: of abs-max / qmax shrunk by each factor in
+    [shrink, 1], the one whose rounding error, each input weighted by ``weight`` [g] (the diagonal
+    of the Hessian: how much that input's error costs), is least per row."""
+    absmax = np.abs(cols).max(axis=1)
+    best = _group_scales(cols, qmax)
+    best_err = np.full(cols.shape[0], np.inf)
+    for factor in np.linspace(1.0, shrink, steps):
+        scale = (absmax * factor / qmax).astype(np.float32).astype(np.float64)
+        err = ((cols - _quantize_column(cols, scale[:, None], qmax) * scale[:, None]) ** 2) @ weight
+        better = err < best_err
+        best[better], best_err[better] = scale[better], err[better]
+    return best
+
+
 def _quantize_column(w: np.ndarray, scale: np.ndarray, qmax: int) -> np.ndarray:
     safe = np.where(scale == 0, 1.0, scale)
     return np.clip(_round_half_away(w / safe), -qmax, qmax)
@@ -129,11 +145,12 @@ def gptq(w: np.ndarray, hessian: np.ndarray, bits: int, group_size: int, damp: f
     Cholesky factor of H^-1, in blocks of ``block`` columns with lazy updates of the rest.
 
     ``hessian`` [K, K] is :class:`Hessian`'s matrix. Inputs never active (H_ii = 0) get W[:, i] = 0;
-    ``damp * mean(diag H)`` is added to the diagonal. Scales are symmetric abs-max on the RTN grid:
-    per output channel from the original W (group_size -1), else per group from the weights as
-    updated when the group's first column comes up. ``act_order``: columns in decreasing diag(H)
-    order; the group scales are then all computed up front from the original W (after zeroing
-    dead inputs), so each still covers its own contiguous k-range."""
+    ``damp * mean(diag H)`` is added to the diagonal. Scales are symmetric, searched per row and
+    group (:func:`_searched_scales`, the ``mse`` grid of the GPTQ authors' code, weighted by
+    diag(H)): per output channel from the original W (group_size -1), else per group from the
+    weights as updated when the group's first column comes up. ``act_order``: columns in
+    decreasing diag(H) order; the group scales are then all computed up front from the original W
+    (after zeroing dead inputs), so each still covers its own contiguous k-range."""
     w = np.asarray(w)
     n, k = _check(w, bits, group_size, "gptq")
     if block <= 0:
@@ -155,7 +172,7 @@ def gptq(w: np.ndarray, hessian: np.ndarray, bits: int, group_size: int, damp: f
     fixed = group_size == -1 or act_order
     if fixed:
         for g in range(groups):
-            scales[:, g] = _group_scales(W[:, g * gs:(g + 1) * gs], qmax)
+            scales[:, g] = _searched_scales(W[:, g * gs:(g + 1) * gs], qmax, np.diag(h)[g * gs:(g + 1) * gs])
 
     perm = np.argsort(-np.diag(h), kind="stable") if act_order else np.arange(k)
     W = W[:, perm]
@@ -185,7 +202,7 @@ def gptq(w: np.ndarray, hessian: np.ndarray, bits: int, group_size: int, damp: f
                 if end > i2:
                     rest = W[:, i2:end] - E1[:, :i] @ U[i1:i1 + i, i2:end]
                     cur = np.concatenate([cur, rest], axis=1)
-                scales[:, g] = _group_scales(cur, qmax)
+                scales[:, g] = _searched_scales(cur, qmax, np.diag(h)[col:end])
             wcol = W1[:, i]
             q = _quantize_column(wcol, scales[:, g], qmax)
             Q[:, col] = q
