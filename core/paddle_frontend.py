@@ -93,6 +93,10 @@ def import_paddle():
     _root = _write_root(configs)
     os.environ["CUSTOM_DEVICE_ROOT"] = str(_root)
     count_fallbacks = bool(configs) and not fallback.strict()
+    # Strided views need a `contiguous` kernel on a device to become dense again, and Paddle has
+    # no CPU fallback for it: a chip without one could not run the ops' references. Dense results
+    # for slices and splits instead (their consumers copy non-contiguous inputs anyway).
+    os.environ.setdefault("FLAGS_use_stride_kernel", "0")
     if fallback.strict():
         os.environ["FLAGS_enable_api_kernel_fallback"] = "0"
     elif count_fallbacks:
