@@ -14,7 +14,7 @@ import sys
 
 FALLBACK = re.compile(
     rb"missing (\w+) kernel: (\w+), expected_kernel_key:\(\w+, [^,]+, (\w+)\), fallbacking to CPU one!")
-SYNC = re.compile(rb"^\x00anychip-sync (\d+)$")
+SYNC = re.compile(rb"\x00anychip-sync (\d+)$")
 # INFO lines Paddle prints while loading anychip's bridge: anychip's plumbing, not the user's.
 LOAD_NOISE = re.compile(rb"^I\d{4} [\d:.]+ +\d+ (init|custom_device_load|custom_kernel)\.cc:\d+\]")
 
@@ -32,8 +32,10 @@ def main() -> None:
         for line in lines:
             if m := FALLBACK.search(line):
                 records.append(b"fallback %s %s %s\n" % (m[1], m[2], m[3]))
-            elif m := SYNC.match(line):
+            elif m := SYNC.search(line):  # after an unfinished line (a progress bar) or alone
                 records.append(b"sync %s\n" % m[1])
+                if m.start():
+                    out.append(line[:m.start()])
             elif not LOAD_NOISE.match(line):
                 out.append(line + b"\n")
         if pending and not pending.startswith((b"I", b"\x00")):  # not a glog line: pass it on now

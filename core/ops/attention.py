@@ -73,6 +73,8 @@ def reference_attention(q, k, v, scale: float, causal: bool, mask=None):
     m = s.max(axis=-1, keepdim=True).detach()
     m = pd.where(pd.isinf(m), pd.zeros_like(m), m)
     p = pd.exp(s - m)
+    if visible is not None:  # Paddle's vectorised CPU exp(-inf) is 2.9e-39, not 0
+        p = pd.where(visible, p, pd.zeros_like(p))
     denom = p.sum(axis=-1, keepdim=True)
     o = pd.matmul(p / pd.where(denom == 0, pd.ones_like(denom), denom), vf)
     lse = (pd.log(denom) + m).squeeze(-1)

@@ -130,8 +130,10 @@ def _with_reference_grads(impl: OpImpl, kernel, tensors):
     """The kernel's outputs, carrying the gradients of impl.reference: a kernel registered
     without a backward. Paddle cannot differentiate inside a PyLayer's backward, so the
     reference's forward runs now and its autograd graph is spliced onto the kernel's values
-    (``o + (r - r.detach())`` is ``o`` exactly, with r's gradient)."""
-    outs, _saved, nondiff = impl.forward(kernel.forward, *tensors)
+    (``o + (r - r.detach())`` is ``o`` exactly, with r's gradient). The kernel runs without
+    autograd: a Python kernel made of Paddle ops would otherwise add its own gradient to r's."""
+    with paddle().no_grad():
+        outs, _saved, nondiff = impl.forward(kernel.forward, *tensors)
     refs = impl.reference(*tensors)
     single = not isinstance(outs, (tuple, list))
     outs, refs = ((outs,), (refs,)) if single else (tuple(outs), tuple(refs))
