@@ -64,7 +64,7 @@ setup(
     description="A plugin-based hardware abstraction layer for LLM work on PaddlePaddle",
     python_requires=">=3.10",
     package_dir={"anychip": "core", "anychip_plugins": "plugins", "anychip_models": "models"},
-    packages=["anychip", "anychip.runtime", "anychip.cli", "anychip.ops",
+    packages=["anychip", "anychip.runtime", "anychip.cli", "anychip.ops", "anychip.conformance",
               "anychip_plugins", "anychip_plugins.cpu", "anychip_plugins.gpu", "anychip_plugins.xpu",
               "anychip_plugins.npu", "anychip_plugins.gcu", "anychip_plugins.dcu", "anychip_models", "anychip_models.cli",
               "anychip_models.training", "anychip_models.quantization", "anychip_models.serving"],
@@ -87,6 +87,9 @@ setup(
             "quantize = anychip_models.cli.quantize",
             "serve = anychip_models.cli.serve",
         ],
+        # checks beyond the core's that `anychip conformance` runs: a module with run(device) -> [Result]
+        "anychip.conformance": ["llama = anychip_models.conformance"],
+        "pytest11": ["anychip_conformance = anychip.conformance.pytest_plugin"],
         "anychip.plugins": [
             f"{chip} = anychip_plugins.{chip}" for chip in ("cpu", "gpu", "xpu", "npu", "gcu", "dcu")
         ],

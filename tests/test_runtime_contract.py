@@ -1,6 +1,10 @@
-"""The device runtime contract (core/include/anychip/device.h), on every available device."""
+"""The device runtime contract (core/include/anychip/device.h) on every available device, through
+the checks ``anychip conformance`` runs (anychip.conformance.runtime_contract), and proof that
+each check fails on a runtime that breaks the rule it checks."""
 
+import ctypes as C
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -8,12 +12,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import anychip.runtime as rt
-from anychip.runtime import DeviceOutOfMemoryError, InvalidArgumentError
+from anychip.conformance import runtime_contract
+from anychip.conformance.result import FAIL, PASS
+from anychip.runtime import abi
+from anychip.runtime.errors import error_for
+
+
+@pytest.mark.parametrize("check", list(runtime_contract.CHECKS))
+def test_contract(device, check):
+    result = runtime_contract.run_check(check, device)
+    assert result.status == PASS, f"{device}: {check}: {result.detail}"
 
 
 @settings(max_examples=25, deadline=None)
 @given(nbytes=st.integers(1, 3 * 4096 + 17), offset=st.integers(0, 300))
-def test_round_trip_odd_sizes(device, nbytes, offset):
+def test_round_trip_any_size(device, nbytes, offset):
+    """Beyond the check's fixed odd sizes."""
     data = np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8)
     buf = device.allocate(nbytes + offset)
     buf.copy_from_host(data, offset=offset)
@@ -23,146 +37,136 @@ def test_round_trip_odd_sizes(device, nbytes, offset):
     buf.free()
 
 
-def test_device_to_device_and_memset(device):
-    src = device.upload(np.arange(1001, dtype=np.float32))
-    dst = device.allocate(src.nbytes)
-    dst.fill(0)
-    assert not dst.to_numpy(np.float32).any()
-    dst.copy_from(src)
-    np.testing.assert_array_equal(dst.to_numpy(np.float32), np.arange(1001, dtype=np.float32))
-    dst.copy_from(src, nbytes=8, dst_offset=4, src_offset=400)  # views inside allocations
-    assert dst.to_numpy(np.float32)[1:3].tolist() == [100.0, 101.0]
+def test_run_names_a_device_that_does_not_open():
+    [result] = runtime_contract.run("npu:9")
+    assert (result.name, result.status) == ("open_device", FAIL)
+    assert "device index 9 out of range: npu has" in result.detail
 
 
-def test_copy_past_allocation_is_rejected(device):
-    buf = device.allocate(64)
-    with pytest.raises(InvalidArgumentError, match="outside this 64-byte buffer"):
-        buf.copy_from_host(np.zeros(65, np.uint8))
+# ---- each check catches the break it is about --------------------------------------------------
+
+class FaultyRuntime:
+    """The npu runtime with one function replaced by ``fault(real, *args, ok=...)``: a plugin with
+    one bug. Everything else goes to the real runtime."""
+
+    def __init__(self, real, function, fault):
+        self._real, self._function, self._fault = real, function, fault
+        self.name, self.device_count = real.name, real.device_count
+
+    def __getattr__(self, attr):
+        return getattr(self._real, attr)
+
+    def call(self, function, *args, ok=(abi.OK,)):
+        if function == self._function:
+            return self._fault(self._real, *args, ok=ok)
+        return self._real.call(function, *args, ok=ok)
 
 
-def test_stream_keeps_order_under_load(device):
-    """Many async copies on one stream land in enqueue order; the last write wins."""
-    n = 1 << 16
-    buf = device.allocate(n * 4)
-    with device.stream() as s:
-        for i in range(200):
-            buf.copy_from_host(np.full(n, i, np.int32), stream=s)
-        out = np.empty(n, np.int32)
-        buf.copy_to_host(out, stream=s)
-        s.synchronize()
-    assert (out == 199).all()
+def drops_last_byte(real, index, dst, src, size, ok):
+    return real.call("memcpy_h2d", index, dst, src, C.c_size_t(max(size.value - 1, 0)), ok=ok)
 
 
-def test_threads_sharing_a_device_each_keep_their_stream_order(device):
-    """The runtime is thread-safe: eight threads, each with its own stream and buffer."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    def worker(k):
-        buf = device.allocate(4096 * 4)
-        with device.stream() as s:
-            for i in range(50):
-                buf.copy_from_host(np.full(4096, k * 1000 + i, np.int32), stream=s)
-            out = np.empty(4096, np.int32)
-            buf.copy_to_host(out, stream=s)
-            s.synchronize()
-        buf.free()
-        return bool((out == k * 1000 + 49).all())
-
-    with ThreadPoolExecutor(8) as pool:
-        assert all(pool.map(worker, range(8)))
+def does_nothing(real, *args, ok):
+    return abi.OK
 
 
-def test_events_order_streams_without_blocking_the_host(device):
-    """stream_wait_event makes one stream wait for another's work. A plugin may run stream work
-    synchronously (the template does); where streams are asynchronous, the host must not block."""
-    n = 1 << 20
-    a, b = device.allocate(n * 4), device.allocate(n * 4)
-    src = device.allocate_host(n * 4)
-    src.numpy(np.int32)[:] = 7
-    s1, s2 = device.stream(), device.stream()
-    caller, gate = threading.get_ident(), threading.Event()
-    # Holds s1 until the host lets it go -- unless the callback runs inline on this thread.
-    s1.add_callback(lambda status: threading.get_ident() == caller or gate.wait(10))
-    asynchronous = not s1.query()
-    a.copy_from_host(src, stream=s1)
-    done = device.event().record(s1)
-    s2.wait_event(done)
-    b.copy_from(a, stream=s2)  # must see s1's copy
-    if asynchronous:
-        assert not done.query() and not s2.query()
-    gate.set()
-    s2.synchronize()
-    assert done.query()
-    assert (b.to_numpy(np.int32) == 7).all()
-    s1.destroy()
-    s2.destroy()
+def accepts_bad_ranges(function):
+    def fault(real, *args, ok):
+        try:
+            return real.call(function, *args, ok=ok)
+        except rt.InvalidArgumentError:
+            return abi.OK
+    return fault
 
 
-def test_events_time_and_synchronize(device):
-    s = device.stream()
-    start, end = device.event(), device.event()
-    assert start.query()  # never recorded: complete
-    start.record(s)
-    big = device.allocate(8 << 20)
-    big.copy_from_host(np.ones(8 << 20, np.uint8), stream=s)
-    end.record(s)
-    end.synchronize()
-    assert end.query()
-    assert end.elapsed_ms(start) <= 0 <= start.elapsed_ms(end)
-    s.synchronize()
+def shared_staging_buffer():
+    """Async host-to-device copies staged through one buffer for all threads, unlocked: the
+    barrier makes every thread's copy meet the others' in it, as a race would sooner or later."""
+    staging, barrier = np.zeros(1 << 16, np.uint8), threading.Barrier(8, timeout=30)
+
+    def fault(real, index, stream, dst, src, size, ok):
+        C.memmove(staging.ctypes.data, src, size.value)
+        barrier.wait()
+        return real.call("memcpy_h2d", index, dst, C.c_void_p(staging.ctypes.data), size, ok=ok)
+    return fault
 
 
-def test_callbacks_run_in_order_after_work(device):
-    seen = []
-    s = device.stream()
-    for i in range(20):
-        s.add_callback(lambda status, i=i: seen.append((i, status)))
-    s.synchronize()
-    assert seen == [(i, "OK") for i in range(20)]
+def never_ready(real, *args, ok):
+    if abi.ERROR_NOT_READY not in ok:
+        raise error_for(abi.ERROR_NOT_READY, "not ready")
+    return abi.ERROR_NOT_READY
 
 
-def test_memory_stats_track_allocations(device):
-    before = device.memory_stats()
-    bufs = [device.allocate(1000 + i) for i in range(5)]
-    during = device.memory_stats()
-    assert during.num_allocations == before.num_allocations + 5
-    assert during.allocated_bytes >= before.allocated_bytes + sum(b.nbytes for b in bufs)
-    assert during.peak_allocated_bytes >= during.allocated_bytes
-    assert during.free_bytes == during.total_bytes - during.allocated_bytes
-    for b in bufs:
-        b.free()
-    after = device.memory_stats()
-    assert after.num_allocations == before.num_allocations
-    assert after.total_allocations == before.total_allocations + 5
+def calls_back_at_once(real, index, stream, callback, user_data, ok):
+    callback(user_data, abi.OK)
+    return abi.OK
 
 
-def test_allocation_past_capacity_is_a_clear_error(device):
-    total = device.properties.total_memory
-    with pytest.raises(DeviceOutOfMemoryError, match="out of memory"):
-        device.allocate(total + (1 << 20))
-    device.allocate(1024).free()  # and the device still works
+def edits(function, struct_field, value):
+    """Lets the real ``function`` fill its struct (the last argument), then overwrites one field."""
+    def fault(real, *args, ok):
+        status = real.call(function, *args, ok=ok)
+        setattr(args[-1]._obj, struct_field, value)
+        return status
+    return fault
 
 
-def test_double_free_and_foreign_pointer(device):
-    buf = device.allocate(256)
-    ptr = buf.ptr
-    buf.free()
-    with pytest.raises(InvalidArgumentError, match="double free|not a live allocation"):
-        device.call("device_free", __import__("ctypes").c_void_p(ptr))
-    foreign = np.zeros(16, np.uint8)
-    with pytest.raises(InvalidArgumentError):
-        device.call("device_free", __import__("ctypes").c_void_p(foreign.ctypes.data))
+def internal_error_when_full(real, *args, ok):
+    try:
+        return real.call("device_allocate", *args, ok=ok)
+    except rt.DeviceOutOfMemoryError as e:
+        raise error_for(abi.ERROR_INTERNAL, f"allocator crashed: {e}") from None
 
 
-def test_index_out_of_range_names_the_range(device):
-    name = device.runtime.name
-    with pytest.raises(InvalidArgumentError, match=f"device index 99 out of range: {name} has"):
-        rt.open_device(f"{name}:99")
+def ignores_the_index(real, index, *args, ok):
+    return real.call("get_properties", 0, *args, ok=ok)
 
 
-def test_properties_are_consistent(device):
-    p = device.properties
-    assert p.total_memory > 0 and p.max_alloc_size <= p.total_memory
-    assert p.min_chunk_size >= 256 and p.min_chunk_size & (p.min_chunk_size - 1) == 0
-    assert "float32" in p.dtypes
-    assert p.simulated == ("(simulated)" in p.name)
+# check -> (function replaced, fault, text the failure's detail must contain)
+BREAKS = {
+    "round_trip_odd_sizes": ("memcpy_h2d", drops_last_byte, "read back differently"),
+    "device_to_device_and_memset": ("memset", does_nothing, "memset 0xA5"),
+    "copy_past_allocation_is_rejected": ("memcpy_d2h", accepts_bad_ranges("memcpy_d2h"),
+                                         "the plugin accepted memcpy_d2h of"),
+    "stream_keeps_order_under_load": ("memcpy_h2d_async", does_nothing, "expected 199 everywhere"),
+    "threads_each_keep_their_stream_order": ("memcpy_h2d_async", shared_staging_buffer(), "expected ["),
+    "events_order_streams_without_blocking_the_host": ("stream_wait_event", does_nothing,
+                                                       "waiting on an incomplete event ran its work"),
+    "events_time_and_synchronize": ("event_query", never_ready, "never-recorded event"),
+    "callbacks_run_in_order_after_work": ("stream_add_callback", calls_back_at_once, "expected (0, 'OK', 1, 1)"),
+    "memory_stats_track_allocations": ("memory_stats", edits("memory_stats", "num_allocations", 0),
+                                       "after 5 allocations"),
+    "allocation_past_capacity_is_a_clear_error": ("device_allocate", internal_error_when_full,
+                                                  "expected DeviceOutOfMemoryError, got AnychipError"),
+    "bad_frees_are_invalid_arguments": ("device_free", accepts_bad_ranges("device_free"), "double free"),
+    "device_index_out_of_range_is_an_invalid_argument": ("get_properties", ignores_the_index,
+                                                         "get_properties(device="),
+    "properties_are_consistent": ("get_properties", edits("get_properties", "simulated", 0),
+                                  "simulated=False but the name 'Ascend 910B (simulated)' has"),
+}
+
+
+def test_every_check_has_a_break():
+    assert set(BREAKS) == set(runtime_contract.CHECKS)
+
+
+@pytest.mark.parametrize("check", list(BREAKS))
+def test_check_catches_its_break(check):
+    function, fault, message = BREAKS[check]
+    real = rt.open_device("npu:0").runtime
+    broken = rt.Device(FaultyRuntime(real, function, fault), 0)
+    result = runtime_contract.run_check(check, broken)
+    assert result.status == FAIL and message in result.detail, result
+    assert runtime_contract.run_check(check, rt.open_device("npu:0")).status == PASS  # the fault was the cause
+
+
+def test_a_check_that_never_returns_fails_after_the_timeout():
+    def hangs(real, *args, ok):
+        time.sleep(2)
+        return real.call("stream_synchronize", *args, ok=ok)
+
+    broken = rt.Device(FaultyRuntime(rt.open_device("npu:0").runtime, "stream_synchronize", hangs), 0)
+    started = time.perf_counter()
+    result = runtime_contract.run_check("stream_keeps_order_under_load", broken, timeout_s=0.5)
+    assert result.status == FAIL and "did not finish within 0.5 s" in result.detail
+    assert time.perf_counter() - started < 1.5

@@ -12,10 +12,11 @@ import argparse
 import os
 import sys
 
+from . import conformance as conformance_cmd
 from . import devices as devices_cmd
 from . import ops as ops_cmd
 
-CORE_COMMANDS = {"devices": devices_cmd, "ops": ops_cmd}
+CORE_COMMANDS = {"devices": devices_cmd, "ops": ops_cmd, "conformance": conformance_cmd}
 
 
 def commands() -> dict:

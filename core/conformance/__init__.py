@@ -1,0 +1,135 @@
+"""The conformance kit: does a device keep anychip's contracts?
+
+    from anychip import conformance
+    report = conformance.run("npu")
+    print(report.matrix_text())
+
+Three sections: "runtime" (the device.h contract, :mod:`.runtime_contract`), "op" (every
+registered op against its reference, :mod:`.op_checks`) and "e2e" (the checks of every
+``anychip.conformance`` entry point, e.g. a tiny Llama's training step against the host CPU).
+The same run is ``anychip conformance --device DEV`` and ``pytest --anychip-device=DEV``.
+
+This package is imported by the pytest plugin in every pytest run, so it imports nothing
+heavy until a run starts.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+
+from .result import FAIL, FALLBACK, NOT_DECLARED, PASS, SKIPPED, Result
+
+SECTIONS = ("runtime", "op", "e2e")
+ENTRY_POINT_GROUP = "anychip.conformance"
+
+__all__ = ["ENTRY_POINT_GROUP", "FAIL", "FALLBACK", "NOT_DECLARED", "PASS", "SECTIONS", "SKIPPED", "Result",
+           "check_sections", "e2e_checks", "run", "run_e2e", "run_runtime"]
+
+
+def check_sections(sections) -> tuple[str, ...]:
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown:
+        raise ValueError(f"sections: unknown section(s) {', '.join(map(repr, unknown))}; "
+                         f"choose from {', '.join(SECTIONS)}")
+    return tuple(sections)
+
+
+def _failure(section: str, name: str, what: str, exc: BaseException) -> Result:
+    return Result(section, name, FAIL, detail=f"{what} raised {type(exc).__name__}: {exc}")
+
+
+def _checked(section: str, name: str, results) -> list[Result]:
+    """``results`` as returned by a section's ``run(device)``, with anything that is not a list
+    of Results turned into a FAIL naming its source."""
+    if not isinstance(results, (list, tuple)):
+        return [Result(section, name, FAIL, detail=f"{name}.run returned {type(results).__name__}, "
+                                                   "expected a list of anychip.conformance.Result")]
+    bad = [r for r in results if not isinstance(r, Result)]
+    if bad:
+        return [Result(section, name, FAIL, detail=f"{name}.run returned {type(bad[0]).__name__} items, "
+                                                   "expected anychip.conformance.Result")]
+    return list(results)
+
+
+def run_runtime(device: str) -> list[Result]:
+    """The device.h contract checks; one that cannot run at all is a FAIL, never a crash."""
+    try:
+        from . import runtime_contract
+
+        return _checked("runtime", "runtime_contract", runtime_contract.run(device))
+    except Exception as exc:  # noqa: BLE001 - reported as a failure
+        return [_failure("runtime", "runtime_contract", "the runtime contract checks", exc)]
+
+
+def e2e_checks() -> list:
+    """The ``anychip.conformance`` entry points, by name."""
+    from importlib.metadata import entry_points
+
+    return sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
+
+
+def run_e2e(device: str, entry_point) -> list[Result]:
+    """The results of one ``anychip.conformance`` entry point's ``run(device)``; an entry point
+    that fails to load or raises is a FAIL in section "e2e" naming it."""
+    try:
+        module = entry_point.load()
+    except Exception as exc:  # noqa: BLE001
+        return [_failure("e2e", entry_point.name, f"loading entry point {entry_point.value!r}", exc)]
+    if not callable(getattr(module, "run", None)):
+        return [Result("e2e", entry_point.name, FAIL,
+                       detail=f"entry point {entry_point.value!r} has no run(device) -> list[Result]")]
+    try:
+        return _checked("e2e", entry_point.name, module.run(device))
+    except Exception as exc:  # noqa: BLE001
+        return [_failure("e2e", entry_point.name, f"{entry_point.value}.run({device!r})", exc)]
+
+
+@contextmanager
+def _terminal_stderr(wanted: bool):
+    """A stream on the terminal behind stderr, for the progress bar. Importing Paddle routes fd 2
+    through anychip's fallback filter (anychip.fallback), which reads whole lines and would take
+    a bar's unfinished line and a sync marker for one line; a copy of fd 2 taken before that
+    import keeps writing to the terminal. (Once Paddle is in, the copy is a pipe: no bar.)"""
+    try:
+        fd = os.dup(sys.stderr.fileno()) if wanted else None
+    except (AttributeError, OSError, ValueError):  # no file descriptor (e.g. a notebook)
+        fd = None
+    if fd is None:
+        yield sys.stderr
+        return
+    with os.fdopen(fd, "w") as stream:
+        yield stream
+
+
+def run(device: str, ops=None, dtypes=None, sections=SECTIONS, progress: bool = True):
+    """Runs the chosen ``sections`` on ``device`` ("npu", "npu:1") and returns a
+    :class:`~anychip.conformance.report.Report`. ``ops`` and ``dtypes`` limit the op checks.
+    Progress goes to stderr (with tqdm, when that is a terminal). Raises ValueError for an
+    unknown or unavailable device, op, dtype or section before anything runs."""
+    from tqdm import tqdm
+
+    from .op_checks import check_op, plan, resolve_device
+    from .report import Report
+
+    sections = check_sections(sections)
+    resolve_device(device)
+    pairs = plan(ops, dtypes) if "op" in sections else []
+    entry_points = e2e_checks() if "e2e" in sections else []
+    steps = ([("runtime", None)] if "runtime" in sections else []) + [("op", p) for p in pairs]
+    steps += [("e2e", ep) for ep in entry_points]
+    results: list[Result] = []
+    with _terminal_stderr(progress) as stream, tqdm(steps, desc=f"conformance {device}", unit="check", file=stream,
+                                                    disable=None if progress else True) as bar:
+        for section, what in bar:
+            if section == "runtime":
+                bar.set_postfix_str("runtime contract")
+                results += run_runtime(device)
+            elif section == "op":
+                bar.set_postfix_str(" ".join(what))
+                results += check_op(device, *what)
+            else:
+                bar.set_postfix_str(what.name)
+                results += run_e2e(device, what)
+    return Report.of(device, results)
