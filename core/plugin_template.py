@@ -1,4 +1,5 @@
-"""Renders the device-plugin package template (templates/plugin) for a new chip.
+"""Renders the device-plugin package template (templates/plugin) for a new chip; the command
+line is ``anychip new-plugin NAME``.
 
     from pathlib import Path
     from anychip.plugin_template import render
@@ -15,12 +16,17 @@ from .spec import DeviceSpec
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates" / "plugin"
 PLACEHOLDER = "{{name}}"
 
+
 def check_name(name: str) -> None:
     """Raises ValueError unless ``name`` works as a device name and, as ``anychip_<name>``, as
-    the Paddle device type the template registers."""
+    the Paddle device type the template registers (it also names the package, its Python
+    module and its C symbols, which the same rule keeps valid)."""
     if not isinstance(name, str):
         raise ValueError(f"name must be a string, got {name!r}")
-    DeviceSpec(name=name, description="", library="", paddle_type=f"anychip_{name}")
+    try:
+        DeviceSpec(name=name, description="", library="", paddle_type=f"anychip_{name}")
+    except ValueError as exc:
+        raise ValueError(f"name {name!r} cannot name a device: {exc}") from None
 
 
 def render(dest: Path, name: str) -> Path:

@@ -14,9 +14,10 @@ import sys
 
 from . import conformance as conformance_cmd
 from . import devices as devices_cmd
+from . import new_plugin as new_plugin_cmd
 from . import ops as ops_cmd
 
-CORE_COMMANDS = {"devices": devices_cmd, "ops": ops_cmd, "conformance": conformance_cmd}
+CORE_COMMANDS = {"devices": devices_cmd, "ops": ops_cmd, "conformance": conformance_cmd, "new-plugin": new_plugin_cmd}
 
 
 def commands() -> dict:

@@ -1,6 +1,7 @@
-"""Builds anychip_{{name}}/lib{{name}}_runtime.so, the device runtime anychip dlopen()s.
+"""Builds the two shared libraries anychip loads from anychip_{{name}}/: lib{{name}}_runtime.so
+(the device runtime, from runtime.c) and lib{{name}}_kernels.so (the kernels, from kernels.c).
 
-It is a plain shared library, not a Python extension. The build needs anychip's headers, so
+They are plain shared libraries, not Python extensions. The build needs anychip's headers, so
 install with the installed anychip visible: ``pip install --no-build-isolation .``
 """
 
@@ -16,20 +17,33 @@ except ImportError:
                      "use `pip install --no-build-isolation`") from None
 
 
-class BuildRuntime(build_ext):
+class BuildLibraries(build_ext):
+    def finalize_options(self):
+        super().finalize_options()
+        # Always recompile (it takes a second): setuptools compares mtimes in whole seconds, so
+        # an edit right after a build could otherwise install the stale library from build/.
+        self.force = True
+
     def get_ext_filename(self, ext_name):
-        # The DeviceSpec names the library exactly; the usual extension suffix
+        # The plugin names each library exactly; the usual extension suffix
         # (.cpython-311-x86_64-linux-gnu.so) would not match it.
         return os.path.join(*ext_name.split(".")) + ".so"
 
 
-setup(
-    ext_modules=[Extension(
-        "anychip_{{name}}.lib{{name}}_runtime",
-        sources=["anychip_{{name}}/runtime.c"],
+def library(name, source, **kwargs):
+    return Extension(
+        f"anychip_{{name}}.{name}",
+        sources=[f"anychip_{{name}}/{source}"],
         include_dirs=[anychip.native.include_dir()],
+        # hidden: each library exports only what anychip looks up (marked in the source)
         extra_compile_args=["-std=c99", "-O2", "-fvisibility=hidden", "-pthread"],
         extra_link_args=["-pthread"],
-    )],
-    cmdclass={"build_ext": BuildRuntime},
+        **kwargs,
+    )
+
+
+setup(
+    ext_modules=[library("lib{{name}}_runtime", "runtime.c"),
+                 library("lib{{name}}_kernels", "kernels.c", libraries=["m"])],
+    cmdclass={"build_ext": BuildLibraries},
 )

@@ -1,4 +1,4 @@
-"""Checks the {{name}} runtime through anychip, as every anychip user will drive it."""
+"""The {{name}} runtime through anychip.runtime, as every anychip user will drive it."""
 
 import numpy as np
 import pytest
