@@ -134,21 +134,37 @@ def metric(server, name: str, labels: str = "") -> float:
     raise AssertionError(f"{name}{labels} not in /metrics")
 
 
-def test_a_disconnect_mid_stream_frees_its_row(server):
-    cancelled = metric(server, "anychip_requests_total", '{outcome="cancelled"}')
-    body = {"model": "model", "prompt": "Tell me everything.", "max_tokens": 200, "temperature": 0, "stream": True}
+@pytest.fixture(scope="module")
+def long_server(tmp_path_factory):
+    """A server whose model has a 4096-token context: a request of 4000 tokens runs for seconds,
+    so a disconnect is certain to come before the request could end by itself."""
+    from loader_helpers import random_weights, tiny_config, train_tokenizer, write_hf_folder
+
+    tok = train_tokenizer()
+    config = tiny_config(tok, max_position=4096)
+    folder = write_hf_folder(tmp_path_factory.mktemp("long") / "model", config, random_weights(config), tok)
+    with Server(folder, "cpu", "--max-batch", "2", "--max-len", "4096") as s:
+        yield s
+
+
+def test_a_disconnect_mid_stream_frees_its_row(long_server):
+    server = long_server
+    body = {"prompt": "Tell me everything.", "max_tokens": 4000, "temperature": 0, "stream": True,
+            "ignore_eos": True}
     with httpx.Client(timeout=30) as http:
         with http.stream("POST", server.url + "/v1/completions", json=body) as response:
-            lines = response.iter_lines()
-            assert next(lines).startswith("data: ")
-            next(lines)
+            data = (line for line in response.iter_lines() if line.startswith("data: "))
+            next(data), next(data)  # the role chunk, then generated text: the request holds a row
+            assert server.get("/health")["running"] == 1
             # leaving the block closes the connection mid-stream
-    for _ in range(100):
-        if metric(server, "anychip_requests_total", '{outcome="cancelled"}') == cancelled + 1:
+    for _ in range(200):
+        if metric(server, "anychip_requests_total", '{outcome="cancelled"}') == 1:
             break
         threading.Event().wait(0.05)
-    assert metric(server, "anychip_requests_total", '{outcome="cancelled"}') == cancelled + 1
+    assert metric(server, "anychip_requests_total", '{outcome="cancelled"}') == 1
+    assert metric(server, "anychip_requests_total", '{outcome="length"}') == 0
     assert server.get("/health")["running"] == 0
+    assert metric(server, "anychip_completion_tokens_total") < 4000
 
 
 def post(server, path: str, data: bytes | dict, method: str = "POST") -> tuple[int, dict]:
