@@ -63,8 +63,8 @@ setup(
     version="0.1.0",
     description="A plugin-based hardware abstraction layer for LLM work on PaddlePaddle",
     python_requires=">=3.10",
-    package_dir={"anychip": "core", "anychip_plugins": "plugins", "anychip_models": "models"},
-    packages=["anychip", "anychip.runtime", "anychip.cli", "anychip.ops", "anychip.conformance",
+    package_dir={"anychip": "core", "anychip_plugins": "plugins", "anychip_models": "models", "anychip_bench": "bench"},
+    packages=["anychip", "anychip.runtime", "anychip.cli", "anychip.ops", "anychip.conformance", "anychip_bench",
               "anychip_plugins", "anychip_plugins.cpu", "anychip_plugins.gpu", "anychip_plugins.xpu",
               "anychip_plugins.npu", "anychip_plugins.gcu", "anychip_plugins.dcu", "anychip_models", "anychip_models.cli",
               "anychip_models.training", "anychip_models.quantization", "anychip_models.serving"],
@@ -86,6 +86,7 @@ setup(
             "eval = anychip_models.cli.eval",
             "quantize = anychip_models.cli.quantize",
             "serve = anychip_models.cli.serve",
+            "bench = anychip_bench.cli",
         ],
         # checks beyond the core's that `anychip conformance` runs: a module with run(device) -> [Result]
         "anychip.conformance": ["llama = anychip_models.conformance"],
