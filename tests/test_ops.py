@@ -439,3 +439,22 @@ def test_weight_only_linear_x_int8_is_inference_only(device):
     qweight, scales = (tensor(a, device) for a in quantize_numpy(rng.standard_normal((80, 8)), 8, 16))
     with pytest.raises(OpArgumentError, match="got K=80, group_size=16"):
         ops.weight_only_linear(x, qweight, scales, bits=8, group_size=16, x_int8=True)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("x_int8", [False, True])
+def test_weight_only_linear_rows_do_not_depend_on_the_batch(bits, x_int8):
+    """Decode-sized products give each row of x the bits it gets alone, whatever the batch
+    (K = 1536 spans several of the kernels' k chunks): continuous batching relies on it."""
+    rng = np.random.default_rng(bits)
+    k, n = 1536, 48
+    qweight, scales = ops.weight_quantize(tensor(rng.standard_normal((k, n)), "cpu", "float32"), bits, 64)
+    x = rng.standard_normal((16, k)).astype(np.float32)
+
+    def run(rows):
+        return host(ops.weight_only_linear(tensor(rows, "cpu"), qweight, scales, bits=bits, group_size=64,
+                                           x_int8=x_int8))
+
+    alone = np.concatenate([run(x[i:i + 1]) for i in range(8)])
+    for m in (2, 5, 8):
+        np.testing.assert_array_equal(run(x[:m]), alone[:m])

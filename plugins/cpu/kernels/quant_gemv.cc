@@ -210,7 +210,9 @@ QUANT_AVX512 void gemv_cols(const QWeight& w, const float* x, int64_t n0, int64_
 
 template <int MR, int NR>
 void gemv_rows(const QWeight& w, const float* x, int64_t n0, int64_t n1, float* y, int64_t ldy) {
-  const int64_t chunk = std::max<int64_t>(64, kL1Floats / MR / 64 * 64);
+  // The same k chunks whatever MR, so that a row's sums, and so its result, do not depend on how
+  // many rows come with it (a decode batch gives each sequence the logits it gets alone).
+  const int64_t chunk = std::max<int64_t>(64, kL1Floats / kGemvRows / 64 * 64);
   const bool small_groups = w.bits == 4 && w.group % 64 != 0;
   for (int64_t k0 = 0; k0 < w.k; k0 += chunk) {
     const int64_t k1 = std::min(w.k, k0 + chunk);

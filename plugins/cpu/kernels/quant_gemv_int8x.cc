@@ -244,7 +244,8 @@ template <int MR, int NR>
 void rows_avx512(const QWeight& w, const XInt8& x, const int32_t* group, int64_t i0, int64_t n0, int64_t n1, float* y,
                  int64_t ldy) {
   const int64_t total = chunks(w.bits, w.k);
-  const int64_t per_pass = std::max<int64_t>(1, kXBytes / (MR * chunk_bytes(w.bits)));
+  // Passes of the same chunks whatever MR: a row's result must not depend on the rows beside it.
+  const int64_t per_pass = std::max<int64_t>(1, kXBytes / (kGemvRows * chunk_bytes(w.bits)));
   for (int64_t c0 = 0; c0 < total; c0 += per_pass) {
     const int64_t c1 = std::min(total, c0 + per_pass);
     int64_t n = n0;
