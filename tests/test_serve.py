@@ -353,3 +353,12 @@ def test_rows_are_reused_and_results_do_not_depend_on_the_row(tiny):
     items = [(p, 5 + 3 * i) for i, p in enumerate(prompts)]
     alone = [run(1, [item])[0] for item in items]
     assert run(4, items) == alone
+
+
+def test_prefill_passes_keep_to_their_token_budget(tiny):
+    from anychip_models.serving.engine import Engine, EngineConfig, Handle, _Running
+
+    engine = Engine(*tiny, EngineConfig(max_batch=8, max_len=64, prefill_tokens=12))
+    requests = [_Running(Handle(i, [1] * n, params(2), Collector()), i, tiny[1]) for i, n in enumerate((5, 3, 4, 13))]
+    groups = [[len(r.handle.prompt) for r in g] for g in engine._prefill_groups(requests)]
+    assert groups == [[3, 4], [5], [13]]  # 3 x 5 = 15 padded tokens would pass 12; 13 goes alone

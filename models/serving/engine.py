@@ -1,8 +1,9 @@
 """Continuous batching: one thread owns the model on its device and runs the scheduler loop.
 
 Between two decode steps the loop drops cancelled requests, admits waiting ones while a cache row
-and the token budget allow (each prefilled alone into its row), then decodes one token for every
-running request in one ``decode`` call over their rows. A request leaves the batch the step it
+and the token budget allow (prefilled together, right-padded, each into its row: the same logits
+bit for bit as alone, tested, and one pass over the weights for all), then decodes one token for
+every running request in one ``decode`` call over their rows. A request leaves the batch the step it
 finishes, and its row is free for the next. The KV cache is slot-based: ``max_batch`` rows of
 ``max_len`` token slots, allocated once at start, so memory never grows with load; a request
 reserves its prompt plus its ``max_new_tokens`` of the ``max_tokens_in_flight`` budget, waits in
@@ -44,9 +45,10 @@ class EngineConfig:
     max_len: int = 1024                   # slots per row: one request's prompt + completion
     max_tokens_in_flight: int | None = None  # reserved tokens of running requests; None: all slots
     max_queue: int = 256                  # waiting requests before new ones are refused
+    prefill_tokens: int = 4096            # padded tokens (batch x longest prompt) per prefill pass
 
     def validate(self, context: int) -> None:
-        for name in ("max_batch", "max_len", "max_queue"):
+        for name in ("max_batch", "max_len", "max_queue", "prefill_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_len > context:
@@ -206,8 +208,8 @@ class Engine:
                         break
                     admitted = self._admit()
                 try:
-                    for request in admitted:
-                        self._prefill(request)
+                    for group in self._prefill_groups(admitted):
+                        self._prefill(group)
                     self._drop_cancelled()
                     if self._running:
                         self._decode()
@@ -240,13 +242,31 @@ class Engine:
     def _tensor(self, array):
         return paddle.to_tensor(array, place=place(self.model.device))
 
-    def _prefill(self, request: _Running) -> None:
-        ids = np.asarray([request.handle.prompt], dtype=np.int64)
-        n = ids.shape[1]
-        logits = self.model(self._tensor(ids), self._tensor(np.arange(n, dtype=np.int64)[None]), self.cache,
-                            last_index=self._tensor(np.array([n - 1])), cache_rows=[request.row])
-        self.metrics.prompt_tokens += n
-        self._take(request, logits.numpy()[0])
+    def _prefill_groups(self, admitted: list[_Running]) -> list[list[_Running]]:
+        """The admitted requests in passes of at most ``prefill_tokens`` padded tokens (a prompt
+        longer than that goes alone)."""
+        groups, group = [], []
+        for request in sorted(admitted, key=lambda r: len(r.handle.prompt)):
+            width = len(request.handle.prompt)  # sorted: the longest so far
+            if group and (len(group) + 1) * width > self.config.prefill_tokens:
+                groups.append(group)
+                group = []
+            group.append(request)
+        return groups + ([group] if group else [])
+
+    def _prefill(self, group: list[_Running]) -> None:
+        lengths = [len(r.handle.prompt) for r in group]
+        width = max(lengths)
+        ids = np.zeros((len(group), width), dtype=np.int64)  # right-padded: causal attention never
+        for i, r in enumerate(group):                       # lets a real token see the padding
+            ids[i, :lengths[i]] = r.handle.prompt
+        positions = np.broadcast_to(np.arange(width, dtype=np.int64), ids.shape).copy()
+        logits = self.model(self._tensor(ids), self._tensor(positions), self.cache,
+                            last_index=self._tensor(np.array(lengths, dtype=np.int64) - 1),
+                            cache_rows=[r.row for r in group]).numpy()
+        self.metrics.prompt_tokens += sum(lengths)
+        for request, row in zip(group, logits):
+            self._take(request, row)
 
     def _decode(self) -> None:
         batch = list(self._running)
