@@ -265,7 +265,7 @@ def _ms(seconds: float | None) -> str:
 def render_table(rows: list[dict], meta: dict) -> str:
     """The Markdown table of the run: one row per client count, the target line under it."""
     head = ["clients", "requests", "output tok/s", "vs sequential", "TTFT p50 / p95 (ms)",
-            "per-token p50 / p95 (ms)", "mean decode batch", "other load"]
+            "per-token p50 / p95 (ms)", "mean decode batch", "model ms / step", "other load"]
     lines = [f"# anychip serve under load: {meta['model']} on {device_label(meta['device'], meta['simulated'])}",
              "",
              f"Streaming chat completions, greedy, max_tokens {meta['max_tokens']}, {meta['requests']} requests per "
@@ -281,10 +281,11 @@ def render_table(rows: list[dict], meta: dict) -> str:
         other = "-" if other is None else f"{other:.0%}"
         cells = [who, str(r["requests"]), f"{r['output_tok_s']:.1f}", ratio,
                  f"{_ms(r['ttft_p50_s'])} / {_ms(r['ttft_p95_s'])}",
-                 f"{_ms(r['per_token_p50_s'])} / {_ms(r['per_token_p95_s'])}", batch, other]
+                 f"{_ms(r['per_token_p50_s'])} / {_ms(r['per_token_p95_s'])}", batch, _ms(r.get("decode_step_s")), other]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", verdict(rows)["line"], "",
-              "mean decode batch: requests per batched decode step (server counters); other load: CPU time of "
+              "mean decode batch: requests per batched decode step (server counters); model ms / step: the server's "
+              "time inside batched decode calls per step; other load: CPU time of "
               "processes other than the server and the clients, share of all CPUs (above ~10%: rerun on a quiet "
               "machine)"]
     return "\n".join(lines) + "\n"
@@ -507,12 +508,15 @@ class LoadBench:
     def counts(self) -> dict[str, int]:
         return server_counts(parse_metrics(self.server.text("/metrics")))
 
+    def decode_seconds(self) -> float:
+        return parse_metrics(self.server.text("/metrics")).get("anychip_decode_seconds_total", 0.0)
+
     def run(self, clients: int) -> dict:
         """The load with ``clients`` concurrent clients: its summary row (also kept in ``rows``)."""
         from tqdm import tqdm
 
         bodies = [self.body(i, self.args.max_tokens) for i in range(self.args.requests)]
-        before = self.counts()
+        before, decode_before = self.counts(), self.decode_seconds()
         meter = CpuMeter(self.server.proc.pid)
         with tqdm(total=len(bodies), desc=f"{clients:>3} client{'s' if clients > 1 else ''}", unit="req",
                   file=sys.stderr, disable=self.args.quiet) as bar:
@@ -521,7 +525,11 @@ class LoadBench:
         after = self.counts()
         row = summarize(records, wall, clients)
         row["cpu_share"] = cpu
-        row["mean_decode_batch"] = mean_decode_batch(records, after["decode_steps"] - before["decode_steps"])
+        steps = after["decode_steps"] - before["decode_steps"]
+        row["mean_decode_batch"] = mean_decode_batch(records, steps)
+        # the model's own time per batched step, against per-token latency: the rest is scheduling,
+        # prefill between steps, sampling and streaming
+        row["decode_step_s"] = (self.decode_seconds() - decode_before) / steps if steps else None
         delta = {k: after[k] - before[k] for k in after}
         row["consistent"] = consistency(delta, records)["ok"]
         row["records"] = [{"ttft_s": r.ttft, "per_token_s": r.per_token, "tokens": r.tokens, "chunks": r.chunks,

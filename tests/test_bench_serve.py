@@ -135,7 +135,7 @@ def test_verdict(bs):
 def test_table(bs):
     rows = bs.add_ratios([
         {"clients": 1, "requests": 8, "output_tok_s": 60.0, "ttft_p50_s": 0.12, "ttft_p95_s": 0.2,
-         "per_token_p50_s": 0.0151, "per_token_p95_s": 0.02, "mean_decode_batch": 1.0,
+         "per_token_p50_s": 0.0151, "per_token_p95_s": 0.02, "mean_decode_batch": 1.0, "decode_step_s": 0.0071,
          "cpu_share": {"server": 0.5, "clients": 0.01, "other": 0.123}},
         {"clients": 16, "requests": 8, "output_tok_s": 200.0, "ttft_p50_s": 0.5, "ttft_p95_s": 1.25,
          "per_token_p50_s": 0.06, "per_token_p95_s": None, "mean_decode_batch": None}])
@@ -146,8 +146,8 @@ def test_table(bs):
     assert "npu:0 (simulated" in lines[0]
     table = [l for l in lines if l.startswith("|")]
     assert table[0].startswith("| clients | requests | output tok/s | vs sequential | TTFT p50 / p95 (ms) |")
-    assert table[2] == "| 1 (sequential) | 8 | 60.0 | 1.00x | 120 / 200 | 15.1 / 20.0 | 1.0 | 12% |"
-    assert table[3] == "| 16 | 8 | 200.0 | 3.33x | 500 / 1250 | 60.0 / - | - | - |"
+    assert table[2] == "| 1 (sequential) | 8 | 60.0 | 1.00x | 120 / 200 | 15.1 / 20.0 | 1.0 | 7.1 | 12% |"
+    assert table[3] == "| 16 | 8 | 200.0 | 3.33x | 500 / 1250 | 60.0 / - | - | - | - |"
     assert any(l.startswith("target 16 clients") and l.endswith("PASS (3.33x: 200.0 vs 60.0 tok/s)") for l in lines)
     real = bs.render_table(rows, {**meta, "device": "cpu:0", "simulated": False})
     assert "simulated" not in real

@@ -117,6 +117,8 @@ class Metrics:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     decode_steps: int = 0
+    decode_s: float = 0.0   # time in batched decode calls (the model, not sampling or streaming)
+    prefill_s: float = 0.0
     ttft_sum: float = 0.0
     ttft_count: int = 0
     ttft_buckets: dict = field(default_factory=lambda: dict.fromkeys((0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), 0))
@@ -261,9 +263,11 @@ class Engine:
         for i, r in enumerate(group):                       # lets a real token see the padding
             ids[i, :lengths[i]] = r.handle.prompt
         positions = np.broadcast_to(np.arange(width, dtype=np.int64), ids.shape).copy()
+        start = time.perf_counter()
         logits = self.model(self._tensor(ids), self._tensor(positions), self.cache,
                             last_index=self._tensor(np.array(lengths, dtype=np.int64) - 1),
                             cache_rows=[r.row for r in group]).numpy()
+        self.metrics.prefill_s += time.perf_counter() - start
         self.metrics.prompt_tokens += sum(lengths)
         for request, row in zip(group, logits):
             self._take(request, row)
@@ -272,8 +276,10 @@ class Engine:
         batch = list(self._running)
         tokens = np.array([r.seq.out.tokens[-1] for r in batch], dtype=np.int64)
         positions = np.array([r.position for r in batch], dtype=np.int64)
+        start = time.perf_counter()
         logits = self.model.decode(self._tensor(tokens), self._tensor(positions), self.cache, fused=self.fused,
                                    cache_rows=[r.row for r in batch]).numpy()
+        self.metrics.decode_s += time.perf_counter() - start
         self.metrics.decode_steps += 1
         self.metrics.recent.append((time.perf_counter(), len(batch)))
         for request, row in zip(batch, logits):

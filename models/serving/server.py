@@ -203,6 +203,8 @@ def render_metrics(engine: Engine, served: ServedModel, rejected: dict[int, int]
     metric("prompt_tokens_total", "counter", "Prompt tokens prefilled.", [({}, m.prompt_tokens)])
     metric("completion_tokens_total", "counter", "Tokens generated.", [({}, m.completion_tokens)])
     metric("decode_steps_total", "counter", "Batched decode steps.", [({}, m.decode_steps)])
+    metric("decode_seconds_total", "counter", "Time in batched decode calls.", [({}, round(m.decode_s, 6))])
+    metric("prefill_seconds_total", "counter", "Time in prefill passes.", [({}, round(m.prefill_s, 6))])
     metric("tokens_per_second", "gauge", "Decode throughput over the last 10 s.", [({}, round(m.tokens_per_second(), 2))])
     metric("queue_depth", "gauge", "Requests waiting for a cache row.", [({}, now["queue_depth"])])
     metric("batch_size", "gauge", "Requests decoding together now.", [({}, now["running"])])
