@@ -55,15 +55,15 @@ def _names(kind: str, known):
 
 
 def _known_ops():
-    from ..ops.support import OPS
+    from ..conformance.op_checks import ALL_SPECS
 
-    return list(OPS)
+    return list(ALL_SPECS)
 
 
 def _known_dtypes():
-    from ..ops.support import OPS
+    from ..conformance.op_checks import ALL_SPECS
 
-    return list(dict.fromkeys(d for spec in OPS.values() for d in spec.dtypes))
+    return list(dict.fromkeys(d for spec in ALL_SPECS.values() for d in spec.dtypes))
 
 
 def _known_sections():

@@ -456,3 +456,146 @@ def cases(op: str, dtype: str, seed: int = 0) -> list[Case]:
     if dtype not in OPS[op].dtypes:
         raise ValueError(f"{op} declares dtypes {', '.join(OPS[op].dtypes)}, got {dtype!r}")
     return GENERATORS[op](dtype, np.random.default_rng(seed))
+
+
+# ---- the base operator set (anychip.ops.base), through anychip.ops.base_call --------------------
+# Each base op (its grad ops included) is a forward-only check: the device's kernel, called with
+# the broadcast descriptors base_call builds, against the declaration's numpy reference. Ops
+# without inputs (fill, arange) take a `like` tensor for their device, shape and dtype.
+
+def _base_names(op):
+    from ..ops.base import BASE_OPS
+
+    decl = BASE_OPS[op]
+    return decl.inputs or ("like",)
+
+
+def _base_call(op, attrs, out_dtype, out_shape, **tensors):
+    from ..ops import base_call
+    from ..ops.dispatch import device_of, dtype_name
+
+    names = _base_names(op)
+    if names == ("like",):
+        like = tensors["like"]
+        return tuple(base_call.run(op, [], attrs, out_dtype=dtype_name(like), out_shape=list(like.shape),
+                                   device=device_of(like)))
+    return tuple(base_call.run(op, [tensors[n] for n in names], attrs, out_dtype=out_dtype, out_shape=out_shape))
+
+
+def _base_reference(op, attrs, out_dtype, out_shape, **tensors):
+    from ..ops.base import BASE_OPS
+    from ..ops.base_call import device_tensor, host_array
+    from ..ops.dispatch import dtype_name
+
+    names = _base_names(op)
+    if names == ("like",):
+        like = tensors["like"]
+        out_dtype, out_shape, arrays = dtype_name(like), list(like.shape), []
+    else:
+        arrays = [host_array(tensors[n]) for n in names]
+    results = BASE_OPS[op].reference(arrays, attrs, out_dtype=out_dtype, out_shape=out_shape)
+    decl = BASE_OPS[op]
+    key = out_dtype if decl.dtype_of not in decl.inputs else dtype_name(tensors[decl.dtype_of])
+    dtypes = decl.resolve_output_dtypes(key, out_dtype)
+    return tuple(device_tensor(np.asarray(r), d if d != "bfloat16" else "float32", CPU) for r, d in zip(results, dtypes))
+
+
+def _base_case(op, label, inputs, attrs=(), out_dtype=None, out_shape=None):
+    from ..ops.base import BASE_OPS
+
+    attrs = [float(a) for a in attrs]
+    extra = {"out_dtype": out_dtype} if out_dtype else {}
+    return Case(label, inputs, functools.partial(_base_call, op, attrs, out_dtype, out_shape),
+                functools.partial(_base_reference, op, attrs, out_dtype, out_shape), BASE_OPS[op].outputs,
+                dict({"attrs": attrs} if attrs else {}, **extra))
+
+
+def _values(rng, shape, dtype, low=-3.0, high=3.0):
+    """Random values of ``dtype`` (floats as float64, to be rounded by the kit)."""
+    if dtype == "bool":
+        return rng.random(shape) < 0.5
+    if dtype in ("int32", "int64"):
+        return rng.integers(int(low), int(high) + 1, shape).astype(dtype)
+    return rng.uniform(low, high, shape)
+
+
+def _base_op_cases(op, dtype, rng):
+    from ..ops.base import BASE_OPS, reduction_attrs
+
+    decl = BASE_OPS[op]
+    cat = decl.category
+    if cat == "unary":
+        low = 0.1 if op in ("log", "sqrt", "rsqrt", "pow") else -3.0
+        attrs = {"scale": [1.5, -0.25, 1.0], "pow": [2.5]}.get(op, [])
+        return [_base_case(op, f"shape {list(s)}", {"x": _values(rng, s, dtype, low)}, attrs)
+                for s in [(), (3, 257)]]
+    if cat in ("binary", "compare"):
+        low = 0.5 if op in ("elementwise_pow", "divide") else -2.0
+        return [_base_case(op, f"{list(a)} with {list(b)} (broadcast)",
+                           {"x": _values(rng, a, dtype, low, 2.0), "y": _values(rng, b, dtype, low, 2.0)})
+                for a, b in [((3, 1, 5), (4, 5)), ((), (2, 3)), ((7,), (7,))]]
+    if cat == "where":
+        return [_base_case(op, "broadcast condition", {"condition": rng.random((4, 1)) < 0.5,
+                                                        "x": _values(rng, (1, 5), dtype), "y": _values(rng, (4, 5), dtype)})]
+    if cat == "cast":
+        x = _values(rng, (3, 17), dtype, -40.0, 40.0)
+        return [_base_case(op, f"to {target}", {"x": x}, out_dtype=target) for target in decl.dtypes]
+    if cat in ("fill", "arange"):
+        n = 17
+        attrs = [2.5] if cat == "fill" else [-3.0, 2.0]
+        like = np.zeros(n, dtype) if dtype in ("int32", "int64", "bool") else np.zeros(n)
+        return [_base_case(op, f"{n} elements", {"like": like}, attrs)]
+    if cat == "copy":
+        return [_base_case(op, "3-d", {"x": _values(rng, (3, 4, 5), dtype)})]
+    if cat == "reduction":
+        x = _values(rng, (3, 5, 7), dtype)
+        return [_base_case(op, f"axes {axes}, keepdim {keep}", {"x": x}, reduction_attrs(axes, 3, keep))
+                for axes, keep in [(None, False), ((1,), True), ((0, 2), False)]]
+    if op == "softmax":
+        return [_base_case(op, f"axis {a}", {"x": _values(rng, (3, 4, 33), dtype)}, [a]) for a in (-1, 1)]
+    if op == "softmax_grad":
+        out = np.exp(rng.standard_normal((3, 33)))
+        return [_base_case(op, "axis -1", {"out": out / out.sum(-1, keepdims=True), "dout": _values(rng, (3, 33), dtype)},
+                           [-1])]
+    label = rng.integers(0, 29, (2, 3, 1)).astype(np.int64)
+    label[0, 0, 0] = -100
+    if op == "cross_entropy_with_softmax":
+        return [_base_case(op, "V 29, an ignored row", {"logits": _values(rng, (2, 3, 29), dtype), "label": label},
+                           [-100])]
+    if op == "cross_entropy_with_softmax_grad":
+        sm = np.exp(rng.standard_normal((2, 3, 29)))
+        return [_base_case(op, "V 29, an ignored row", {"label": label, "softmax": sm / sm.sum(-1, keepdims=True),
+                                                        "dloss": _values(rng, (2, 3, 1), dtype)}, [-100])]
+    ids = rng.integers(0, 11, (3, 7)).astype(np.int64)
+    if op == "embedding":
+        return [_base_case(op, f"padding_idx {p}", {"ids": ids, "weight": _values(rng, (11, 19), dtype)}, [p])
+                for p in (-1, 2)]
+    if op == "embedding_grad":
+        return [_base_case(op, "repeated ids", {"ids": ids, "dout": _values(rng, (3, 7, 19), dtype)}, [2],
+                           out_shape=[11, 19])]
+    if op == "index_select":
+        return [_base_case(op, f"axis {a}", {"x": _values(rng, (4, 5, 6), dtype), "index": np.array(i, np.int64)}, [a])
+                for a, i in [(0, [3, 0, 3]), (2, [5, 1])]]
+    shapes = [((5, 7), (7, 3), 0, 0), ((2, 3, 9, 6), (9, 4), 1, 0), ((4, 9, 6), (1, 10, 9), 1, 1)]
+    if op == "matmul":
+        return [_base_case(op, f"{list(a)} @ {list(b)}, transpose {tx}/{ty}",
+                           {"x": _values(rng, a, dtype), "y": _values(rng, b, dtype)}, [tx, ty])
+                for a, b, tx, ty in shapes]
+    out = []
+    for a, b, tx, ty in shapes:  # matmul_grad
+        shape = BASE_OPS["matmul"].output_shapes([a, b], [tx, ty])[0]
+        out.append(_base_case(op, f"{list(a)} @ {list(b)}, transpose {tx}/{ty}",
+                              {"x": _values(rng, a, dtype), "y": _values(rng, b, dtype),
+                               "dout": _values(rng, shape, dtype)}, [tx, ty]))
+    return out
+
+
+def base_cases(op: str, dtype: str, seed: int = 0) -> list[Case]:
+    """The sample cases of base op ``op`` (anychip.ops.base) for ``dtype``."""
+    from ..ops.base import BASE_OPS
+
+    if op not in BASE_OPS:
+        raise ValueError(f"op must be a base op ({', '.join(BASE_OPS)}), got {op!r}")
+    if dtype not in BASE_OPS[op].dtypes:
+        raise ValueError(f"{op} declares dtypes {', '.join(BASE_OPS[op].dtypes)}, got {dtype!r}")
+    return _base_op_cases(op, dtype, np.random.default_rng(seed))

@@ -12,8 +12,14 @@ import os
 
 import numpy as np
 
-from ..ops.support import OPS
+from ..ops.base import BASE_OPS
+from ..ops.support import OPS, OpSpec
 from .result import FAIL, FALLBACK, NOT_DECLARED, PASS, SKIPPED, Result
+
+# The base operator set (anychip.ops.base) is checked after the fused ops: each base op, its grad
+# ops included, as a forward-only op with its declared dtypes and tolerances.
+BASE_SPECS = {n: OpSpec(n, d.summary, d.dtypes, False, d.tolerance) for n, d in BASE_OPS.items()}
+ALL_SPECS = {**OPS, **BASE_SPECS}
 
 GRAD_TOLERANCE_SCALE = 4
 # Integer outputs are quantization codes: a value within float error of a .5 boundary may round
@@ -56,15 +62,16 @@ def resolve_device(device: str) -> tuple[str, int]:
 def plan(ops=None, dtypes=None) -> list[tuple[str, str]]:
     """The (op, dtype) pairs to check: every op in ``ops`` (default all registered) for every
     dtype its spec declares, limited to ``dtypes`` when given."""
-    unknown = [op for op in ops or () if op not in OPS]
+    unknown = [op for op in ops or () if op not in ALL_SPECS]
     if unknown:
-        raise ValueError(f"ops: unknown op(s) {', '.join(map(repr, unknown))}; known ops: {', '.join(OPS)}")
-    known_dtypes = {d for spec in OPS.values() for d in spec.dtypes}
+        raise ValueError(f"ops: unknown op(s) {', '.join(map(repr, unknown))}; known ops: {', '.join(ALL_SPECS)}")
+    known_dtypes = {d for spec in ALL_SPECS.values() for d in spec.dtypes}
     unknown = [d for d in dtypes or () if d not in known_dtypes]
     if unknown:
         raise ValueError(f"dtypes: unknown dtype(s) {', '.join(map(repr, unknown))}; "
                          f"the ops declare {', '.join(sorted(known_dtypes))}")
-    return [(op, dtype) for op in (ops or OPS) for dtype in OPS[op].dtypes if dtypes is None or dtype in dtypes]
+    return [(op, dtype) for op in (ops or ALL_SPECS) for dtype in ALL_SPECS[op].dtypes
+            if dtypes is None or dtype in dtypes]
 
 
 def run_ops(device: str, ops=None, dtypes=None) -> list[Result]:
@@ -74,7 +81,7 @@ def run_ops(device: str, ops=None, dtypes=None) -> list[Result]:
 
 
 def directions(op: str) -> tuple[str, ...]:
-    return ("fwd", "bwd") if OPS[op].backward else ("fwd",)
+    return ("fwd", "bwd") if ALL_SPECS[op].backward else ("fwd",)
 
 
 def check_op(device: str, op: str, dtype: str) -> list[Result]:
@@ -84,7 +91,7 @@ def check_op(device: str, op: str, dtype: str) -> list[Result]:
     kernel) or PASS."""
     from ..plugins import registry
     from ..runtime.open import parse_device
-    from .cases import cases
+    from .cases import base_cases, cases
 
     name, index = parse_device(device)
     kernel = registry().kernels.find(op, name, dtype)
@@ -93,7 +100,7 @@ def check_op(device: str, op: str, dtype: str) -> list[Result]:
                   "(a counted fallback)")
         return [Result("op", op, NOT_DECLARED, dtype, d, detail=detail) for d in directions(op)]
     tallies = {d: _Tally(op, dtype, d) for d in directions(op)}
-    all_cases = cases(op, dtype)
+    all_cases = base_cases(op, dtype) if op in BASE_SPECS else cases(op, dtype)
     for number, case in enumerate(all_cases, 1):
         where = f"case {number}/{len(all_cases)} '{case.label}' ({case.describe()})"
         for direction, outcome in _run_case(case, (name, index), op, dtype).items():
@@ -204,7 +211,7 @@ def _run_case(case, device, op, dtype) -> dict[str, tuple[str, float | None, str
     """{direction: (status, max |error|, detail)} of one case."""
     import anychip
 
-    spec = OPS[op]
+    spec = ALL_SPECS[op]
     backward = spec.backward and bool(case.grads)
     inputs = {n: _rounded(a, dtype) if a.dtype.kind == "f" and n not in case.float32_inputs else a
               for n, a in case.inputs.items()}

@@ -1,12 +1,18 @@
 """The host kernels (``libanychip_cpu_kernels.so``, sources in ``kernels/``) and how a plugin
 registers them: the cpu device registers all of them, and each simulated chip registers them
-for the dtypes its traits allow, since the simulator's memory is host memory."""
+for the dtypes its traits allow, since the simulator's memory is host memory.
+
+The base ops' hand-written kernels (``kernels/base_*.cc``, the contract in
+``anychip.ops.base``) are registered separately, by :func:`register_base_kernels`: a chip
+chooses them (xpu) or generated ones (npu, anychip codegen); the cpu device does not need them,
+since Paddle's own CPU kernels serve it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from anychip.kernels import NativeKernel
+from anychip.ops.base import BASE_OPS
 
 LIBRARY = Path(__file__).with_name("libanychip_cpu_kernels.so")
 
@@ -34,10 +40,23 @@ def _kernel(name: str) -> NativeKernel:
     return kernel
 
 
-def register_host_kernels(registry, device: str, dtypes) -> None:
-    """Registers every host kernel for ``device``, restricted to ``dtypes``."""
+def register_host_kernels(registry, device: str, dtypes, exclude=()) -> None:
+    """Registers every host kernel for ``device``, restricted to ``dtypes``, except the ops in
+    ``exclude`` (which the device gets elsewhere, e.g. from CodeGen)."""
     for op, (forward, backward, op_dtypes) in HOST_KERNELS.items():
-        allowed = [d for d in op_dtypes if d in dtypes]
+        allowed = [d for d in op_dtypes if d in dtypes and op not in exclude]
         if allowed:
             registry.register(op, device, allowed, forward=_kernel(forward),
                               backward=_kernel(backward) if backward else None)
+
+
+def register_base_kernels(registry, device: str, dtypes, exclude=()) -> None:
+    """Registers the hand-written kernel of every base op (exported as ``anychip_cpu_<op>``) for
+    ``device``, restricted to ``dtypes``, except the ops in ``exclude``. A grad op is registered
+    under its own name and also as the backward of its forward op."""
+    for op in BASE_OPS.values():
+        allowed = [d for d in op.dtypes if d in dtypes and op.name not in exclude]
+        if not allowed:
+            continue
+        backward = _kernel(op.grad) if op.grad else None
+        registry.register(op.name, device, allowed, forward=_kernel(op.name), backward=backward)

@@ -1,7 +1,7 @@
 """Kunlunxin XPU. Binds the Kunlun XPU runtime when present; until then, the simulator with P800 traits."""
 
 import anychip
-from anychip_plugins.cpu.host_kernels import register_host_kernels
+from anychip_plugins.cpu.host_kernels import register_base_kernels, register_host_kernels
 
 TRAITS = anychip.ChipTraits(
     model="Kunlunxin P800", vendor="Kunlunxin", memory_bytes=96 << 30, compute_capability=30,
@@ -19,3 +19,4 @@ def anychip_register_devices():
 @anychip.hookimpl
 def anychip_register_kernels(registry):
     register_host_kernels(registry, "xpu", TRAITS.dtypes)
+    register_base_kernels(registry, "xpu", TRAITS.dtypes)  # hand-written (npu's come from codegen)

@@ -133,6 +133,59 @@
  *                    p -= lr * weight_decay * p; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
  *                    p -= lr * (m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps)
  *
+ * ---- Base ops (anychip.ops.base declares each: signature, dtypes, shape rule, reference) --------
+ * The operator set that lets Paddle's own ops run on a chip (the Paddle kernel bridge routes them
+ * here). "float" as above; int = int32 or int64; bool is 1 byte (0 or 1). Differences from the
+ * conventions above:
+ *   - ELEMENTWISE ops (unary, binary, compare, where, cast, fill, copy): the caller broadcasts.
+ *     Every input has the OUTPUT's rank and shape, with stride 0 on broadcast dims and any
+ *     strides otherwise (inputs may be strided views). Rank 0 and empty tensors are allowed.
+ *     Outputs are dense, except copy's, which may be a strided view (write only what it addresses).
+ *   - sum/mean/max read x with any strides; matmul/matmul_grad read x, y, dout with any strides.
+ *     Every other input is dense.
+ *   - The registered dtype is the input's (cast: the INPUT's; fill, arange: the output's;
+ *     embedding: weight's; the *_grad ops: their float inputs').
+ *   - Results must not depend on the number of threads.
+ *
+ *   unary:           x -> out (same dtype, float): exp, log, sqrt, rsqrt, silu, sigmoid, tanh, abs,
+ *                    neg; scale (attrs: scale, bias, bias_after_scale: out = scale*x + bias, or
+ *                    scale*(x + bias) when bias_after_scale is 0); pow (attrs: factor: out = x^factor)
+ *   binary:          x, y -> out (same dtype, float): add, subtract, multiply, divide, maximum,
+ *                    minimum (NaN propagates), elementwise_pow
+ *   compare:         x, y (float or int) -> out bool: equal, not_equal, less_than, less_equal,
+ *                    greater_than, greater_equal
+ *   where:           condition bool, x, y (any dtype) -> out = condition ? x : y
+ *   cast:            x -> out, any pair of float32/bfloat16/float16/int32/int64/bool; float -> int
+ *                    truncates toward zero (NaN -> 0, saturating), -> bool is x != 0
+ *   fill:            -> out (any dtype); attrs: value (cast to out's dtype as cast does)
+ *   copy:            x -> out (same dtype, any): out = x, both any strides
+ *   sum, mean, max:  x float (any strides) -> out; attrs: keepdim, n, axis_0 .. axis_{n-1}
+ *                    (axes >= 0, sorted, distinct; n = 0: all axes). out has x's shape without
+ *                    the reduced dims (keepdim 0) or with them as 1 (keepdim 1). Sums accumulate
+ *                    in at least float32; mean of nothing is NaN, max of nothing -inf.
+ *   softmax:         x -> out; attrs: axis (negative counts from the end)
+ *   softmax_grad:    out, dout -> dx = out * (dout - sum(dout * out, axis)); attrs: axis
+ *   cross_entropy_with_softmax: logits[..., V], label int64[..., 1] -> softmax[..., V],
+ *                    loss[..., 1]; attrs: ignore_index. loss = logsumexp(logits) - logits[label],
+ *                    0 where label == ignore_index; any other label outside [0, V) is an error.
+ *   cross_entropy_with_softmax_grad: label int64[..., 1], softmax[..., V], dloss[..., 1]
+ *                    -> dlogits = (softmax - onehot(label)) * dloss (0 rows at ignore_index)
+ *   embedding:       ids int64[...], weight[V, C] -> out[..., C]; attrs: padding_idx (-1: none);
+ *                    rows of padding_idx are 0; an id outside [0, V) is an error.
+ *   embedding_grad:  ids int64[...], dout[..., C] -> dweight[V, C]: the scatter-add of dout's
+ *                    rows by id, 0 where no id, nothing for padding_idx; attrs: padding_idx
+ *   index_select:    x (float or int), index int64[n] -> out (x's shape, n along axis); attrs:
+ *                    axis. Also serves gather. An index outside [0, x.shape[axis]) is an error.
+ *   arange:          -> out[n] (float or int64); attrs: start, step. out[i] = start + i*step
+ *                    (computed in double, then converted as cast does)
+ *   matmul:          x[..., M, K] ([..., K, M] with transpose_x), y[..., K, N] ([..., N, K] with
+ *                    transpose_y) -> out[..., M, N]; attrs: transpose_x, transpose_y. x and y
+ *                    have out's batch rank and shape, stride 0 on the batch dims they broadcast.
+ *   matmul_grad:     x, y (as matmul), dout[..., M, N] -> dx, dy; attrs: transpose_x,
+ *                    transpose_y. dx and dy are dense with x's and y's own (un-broadcast) shapes,
+ *                    of any batch rank up to out's, right-aligned: out batches that map onto one
+ *                    dx (dy) batch are summed.
+ *
  * Versioning: as in device.h, structs grow only at the end and carry their size.
  */
 #ifndef ANYCHIP_KERNEL_H_
