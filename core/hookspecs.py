@@ -99,10 +99,14 @@ def anychip_register_codegen_backends():
     """Declare code-generation targets this plugin adds.
 
     Returns:
-        A list of backend objects, each with a unique ``name`` attribute (e.g. ``"mychip-c"``)
-        and the methods the CodeGen pipeline calls: ``render(kernel) -> str`` (source text),
-        ``compile_command(source_path, output_path) -> list[str]`` and
-        ``load(library_path) -> dict`` (kernel name -> callable).
+        A list of backend objects, each with a unique ``name`` (e.g. ``"mychip-c"``),
+        ``source_suffix`` (".cc", ".cu") and the methods anychip_codegen calls:
+        ``render(kernel) -> str`` (one source per kernel, all its dtypes),
+        ``compile_command(source_path, output_path) -> list[str]`` (source -> object),
+        ``link_command(object_paths, output_path) -> list[str]`` (objects -> shared library) and
+        ``load(library_path, kernels) -> dict`` ("<kernel>.<dtype>" -> NativeKernel or callable);
+        optionally ``toolchain() -> str`` (part of the cache key), ``schedules(kernel)`` (tuner
+        candidates) and ``host_code``. docs/codegen.md has a worked example.
 
     Example::
 

@@ -8,6 +8,8 @@ os.environ["ANYCHIP_SIM_CHECK"] = "1"
 os.environ.setdefault("ANYCHIP_CACHE_DIR", tempfile.mkdtemp(prefix="anychip-test-cache-"))
 # ...except the models: pulled once (verified, written atomically) and shared with the user's cache.
 os.environ.setdefault("ANYCHIP_MODELS_DIR", os.path.join(os.path.expanduser("~"), ".cache", "anychip", "models"))
+# ...and CodeGen's libraries, which are keyed by the hash of everything that goes into them.
+os.environ.setdefault("ANYCHIP_CODEGEN_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "anychip", "codegen"))
 
 import pytest  # noqa: E402
 

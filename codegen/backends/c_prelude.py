@@ -1,0 +1,321 @@
+"""The C++ every source of the ``c`` backend starts with: storage types and their float32
+conversions (round to nearest even on store), the ABI checks, and the loop geometry (collapsed
+dims for elementwise kernels, rows for row kernels). Kept as text so a generated source is
+self-contained and its hash covers everything that is compiled."""
+
+PRELUDE = r"""
+#ifndef ACG_HD  // __host__ __device__ under CUDA (the cuda backend defines it first)
+#define ACG_HD
+#endif
+#ifndef __CUDACC__
+#include <omp.h>
+#endif
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "anychip/kernel.h"
+
+namespace acg {
+
+struct bf16 { uint16_t bits; };
+struct fp16 { uint16_t bits; };
+struct b8 { uint8_t v; };  // bool storage: any non-zero byte is true
+
+template <class T> constexpr int32_t dtype_id();
+template <> constexpr int32_t dtype_id<float>() { return ANYCHIP_DTYPE_FLOAT32; }
+template <> constexpr int32_t dtype_id<fp16>() { return ANYCHIP_DTYPE_FLOAT16; }
+template <> constexpr int32_t dtype_id<bf16>() { return ANYCHIP_DTYPE_BFLOAT16; }
+template <> constexpr int32_t dtype_id<double>() { return ANYCHIP_DTYPE_FLOAT64; }
+template <> constexpr int32_t dtype_id<int32_t>() { return ANYCHIP_DTYPE_INT32; }
+template <> constexpr int32_t dtype_id<int64_t>() { return ANYCHIP_DTYPE_INT64; }
+template <> constexpr int32_t dtype_id<b8>() { return ANYCHIP_DTYPE_BOOL; }
+
+ACG_HD inline float load(float v) { return v; }
+ACG_HD inline double load(double v) { return v; }
+ACG_HD inline int32_t load(int32_t v) { return v; }
+ACG_HD inline int64_t load(int64_t v) { return v; }
+ACG_HD inline bool load(b8 v) { return v.v != 0; }
+ACG_HD inline float load(bf16 v) {
+  uint32_t u = static_cast<uint32_t>(v.bits) << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+ACG_HD inline float load(fp16 h) {
+  uint32_t sign = static_cast<uint32_t>(h.bits & 0x8000) << 16;
+  uint32_t e = (h.bits >> 10) & 0x1f, mant = h.bits & 0x3ff, bits;
+  if (e == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      e = 127 - 15 + 1;
+      while ((mant & 0x400) == 0) { mant <<= 1; --e; }
+      bits = sign | (e << 23) | ((mant & 0x3ff) << 13);
+    }
+  } else if (e == 31) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((e + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Storing converts the compute value: floats round to nearest even (NaN stays a quiet NaN),
+// float -> int truncates toward zero, anything -> bool is "!= 0".
+template <class S> struct Store;
+template <> struct Store<float> { template <class V> ACG_HD static float of(V v) { return static_cast<float>(v); } };
+template <> struct Store<double> { template <class V> ACG_HD static double of(V v) { return static_cast<double>(v); } };
+template <> struct Store<int32_t> { template <class V> ACG_HD static int32_t of(V v) { return static_cast<int32_t>(v); } };
+template <> struct Store<int64_t> { template <class V> ACG_HD static int64_t of(V v) { return static_cast<int64_t>(v); } };
+template <> struct Store<b8> { template <class V> ACG_HD static b8 of(V v) { return b8{static_cast<uint8_t>(v != 0)}; } };
+template <> struct Store<bf16> {
+  template <class V> ACG_HD static bf16 of(V v) {
+    float f = static_cast<float>(v);
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{static_cast<uint16_t>((u >> 16) | 0x40)};
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return bf16{static_cast<uint16_t>(u >> 16)};
+  }
+};
+template <> struct Store<fp16> {
+  template <class V> ACG_HD static fp16 of(V v) {
+    float f = static_cast<float>(v);
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return fp16{static_cast<uint16_t>(sign | 0x7e00)};
+    if (a >= 0x477ff000u) return fp16{static_cast<uint16_t>(sign | 0x7c00)};
+    if (a < 0x38800000u) {  // subnormal or zero in fp16
+      if (a < 0x33000000u) return fp16{sign};
+      uint32_t mant = (a & 0x7fffff) | 0x800000;
+      int shift = 126 - static_cast<int>(a >> 23);
+      uint32_t half = mant >> shift, rem = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
+      if (rem > mid || (rem == mid && (half & 1))) ++half;
+      return fp16{static_cast<uint16_t>(sign | half)};
+    }
+    uint32_t r = a + 0xfffu + ((a >> 13) & 1u) - (112u << 23);
+    return fp16{static_cast<uint16_t>(sign | (r >> 13))};
+  }
+};
+template <class S, class V> ACG_HD inline S store(V v) { return Store<S>::of(v); }
+// What storing as S and loading back gives (Cast in the description).
+template <class S, class V> ACG_HD inline auto round_to(V v) { return load(store<S>(v)); }
+
+// The math of the description, in the compute type.
+ACG_HD inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+ACG_HD inline float silu(float x) { return x / (1.0f + expf(-x)); }
+ACG_HD inline float rsqrt(float x) { return 1.0f / sqrtf(x); }
+template <class V> ACG_HD inline V vmax(V a, V b) { return a != a ? a : (a > b ? a : b); }  // NaN propagates
+template <class V> ACG_HD inline V vmin(V a, V b) { return a != a ? a : (a < b ? a : b); }
+
+#ifndef __CUDACC__
+inline int threads(const AnychipKernelCall* call) {
+  return call->num_threads > 0 ? call->num_threads : omp_get_max_threads();
+}
+#endif
+
+inline AnychipStatus fail(const AnychipKernelCall* call, const char* kernel, const char* what) {
+  if (call->error != nullptr && call->error_size > 0) {
+    std::snprintf(call->error, call->error_size, "%s (generated): %s", kernel, what);
+  }
+  return ANYCHIP_ERROR_UNSUPPORTED;
+}
+
+inline int64_t count(const AnychipTensor& t) {
+  int64_t n = 1;
+  for (int d = 0; d < t.rank; ++d) n *= t.shape[d];
+  return n;
+}
+
+inline bool dense(const AnychipTensor& t) {
+  int64_t expect = 1;
+  for (int d = t.rank - 1; d >= 0; --d) {
+    if (t.shape[d] != 1 && t.strides[d] != expect) return false;
+    expect *= t.shape[d];
+  }
+  return true;
+}
+
+// Checks the call's tensor counts and dtypes: `ids` lists the expected dtype of every input,
+// then every output (-1: any).
+inline const char* check(const AnychipKernelCall* call, int nin, int nout, const int32_t* ids) {
+  static thread_local char msg[160];
+  if (call->num_inputs != nin || call->num_outputs != nout) {
+    std::snprintf(msg, sizeof msg, "expected %d inputs and %d outputs, got %d and %d", nin, nout,
+                  call->num_inputs, call->num_outputs);
+    return msg;
+  }
+  for (int i = 0; i < nin + nout; ++i) {
+    const AnychipTensor& t = i < nin ? call->inputs[i] : call->outputs[i - nin];
+    if (ids[i] >= 0 && t.dtype != ids[i]) {
+      std::snprintf(msg, sizeof msg, "%s %d has dtype %d, expected %d", i < nin ? "input" : "output",
+                    i < nin ? i : i - nin, t.dtype, ids[i]);
+      return msg;
+    }
+  }
+  return nullptr;
+}
+
+// ---- elementwise geometry: the output's index space, dims collapsed -----------------------
+
+template <int N>
+struct Loop {
+  int rank = 0;
+  int64_t shape[ANYCHIP_MAX_RANK];
+  int64_t strides[N][ANYCHIP_MAX_RANK];
+  int64_t n = 1;
+  bool flat = false;  // one dim, every tensor with stride 1
+
+  // The element offsets of outer index `o` (all dims but the last), per tensor.
+  ACG_HD void offsets(int64_t o, int64_t* off) const {
+    for (int t = 0; t < N; ++t) off[t] = 0;
+    for (int d = rank - 2; d >= 0; --d) {
+      const int64_t i = o % shape[d];
+      o /= shape[d];
+      for (int t = 0; t < N; ++t) off[t] += i * strides[t][d];
+    }
+  }
+};
+
+// Builds the loop over `out`'s shape for tensors ts[0..N) (inputs then outputs, each with the
+// output's rank), dropping size-1 dims and merging dims that are contiguous in every tensor.
+template <int N>
+inline const char* make_loop(const AnychipTensor* const* ts, const AnychipTensor& out, Loop<N>* L) {
+  static thread_local char msg[160];
+  for (int t = 0; t < N; ++t) {
+    if (ts[t]->rank != out.rank) {
+      std::snprintf(msg, sizeof msg, "tensor %d has rank %d, expected the output's rank %d (broadcast "
+                    "inputs are described with the output's shape and stride 0)", t, ts[t]->rank, out.rank);
+      return msg;
+    }
+    for (int d = 0; d < out.rank; ++d) {
+      if (ts[t]->shape[d] != out.shape[d]) {
+        std::snprintf(msg, sizeof msg, "tensor %d has size %lld in dim %d, expected the output's %lld", t,
+                      (long long)ts[t]->shape[d], d, (long long)out.shape[d]);
+        return msg;
+      }
+    }
+  }
+  L->rank = 0;
+  for (int d = 0; d < out.rank; ++d) {
+    const int64_t size = out.shape[d];
+    L->n *= size;
+    if (size == 1) continue;
+    bool merge = L->rank > 0;
+    for (int t = 0; t < N && merge; ++t) {
+      merge = L->strides[t][L->rank - 1] == ts[t]->strides[d] * size;
+    }
+    if (merge) {
+      L->shape[L->rank - 1] *= size;
+      for (int t = 0; t < N; ++t) L->strides[t][L->rank - 1] = ts[t]->strides[d];
+    } else {
+      L->shape[L->rank] = size;
+      for (int t = 0; t < N; ++t) L->strides[t][L->rank] = ts[t]->strides[d];
+      ++L->rank;
+    }
+  }
+  if (L->rank == 0) {  // a scalar (or all dims 1): one element at offset 0
+    L->rank = 1;
+    L->shape[0] = 1;
+    for (int t = 0; t < N; ++t) L->strides[t][0] = 1;
+  }
+  L->flat = L->rank == 1;
+  for (int t = 0; t < N && L->flat; ++t) L->flat = L->strides[t][0] == 1;
+  return nullptr;
+}
+
+// ---- row geometry -------------------------------------------------------------------------
+
+// The rows of a row kernel: the dims of the first input split into row dims and the other
+// ("kept") dims. Rows are numbered in row-major order of the kept dims; positions in a row in
+// row-major order of the row dims.
+struct Rows {
+  int rank = 0;
+  int64_t shape[ANYCHIP_MAX_RANK];
+  bool in_row[ANYCHIP_MAX_RANK];
+  int64_t rows = 1, len = 1;
+  int row_rank = 0;               // number of row dims of size > 1
+  int row_dim[ANYCHIP_MAX_RANK];  // those dims
+
+  // Offset of row r's first element in a tensor of this shape with `strides`.
+  ACG_HD int64_t row_offset(const int64_t* strides, int64_t r) const {
+    int64_t off = 0;
+    for (int d = rank - 1; d >= 0; --d) {
+      if (in_row[d]) continue;
+      off += (r % shape[d]) * strides[d];
+      r /= shape[d];
+    }
+    return off;
+  }
+  // Offset of position c within a row (any number of row dims).
+  ACG_HD int64_t position_offset(const int64_t* strides, int64_t c) const {
+    int64_t off = 0;
+    for (int k = row_rank - 1; k >= 0; --k) {
+      const int d = row_dim[k];
+      off += (c % shape[d]) * strides[d];
+      c /= shape[d];
+    }
+    return off;
+  }
+  // The element stride along the row when it has at most one dim of size > 1.
+  ACG_HD int64_t step(const int64_t* strides) const { return row_rank == 1 ? strides[row_dim[0]] : 1; }
+};
+
+inline const char* make_rows(const AnychipTensor& x, const bool* in_row, Rows* R) {
+  R->rank = x.rank;
+  for (int d = 0; d < x.rank; ++d) {
+    R->shape[d] = x.shape[d];
+    R->in_row[d] = in_row[d];
+    if (in_row[d]) {
+      R->len *= x.shape[d];
+      if (x.shape[d] != 1) R->row_dim[R->row_rank++] = d;
+    } else {
+      R->rows *= x.shape[d];
+    }
+  }
+  return nullptr;
+}
+
+inline bool same_shape(const AnychipTensor& a, const AnychipTensor& b) {
+  if (a.rank != b.rank) return false;
+  for (int d = 0; d < a.rank; ++d) if (a.shape[d] != b.shape[d]) return false;
+  return true;
+}
+
+// Which dims of x make a row, from the call: the last, attrs[attr] (one axis, may be negative),
+// or attrs[attr] = n axes at attrs[attr + 1 ..] (n = 0: all).
+inline const char* row_dims_last(const AnychipTensor& x, bool* in_row) {
+  for (int d = 0; d < x.rank; ++d) in_row[d] = d == x.rank - 1;
+  return nullptr;
+}
+inline const char* row_dims_axis(const AnychipKernelCall* call, int attr, const AnychipTensor& x, bool* in_row) {
+  int64_t axis = call->num_attrs > attr ? static_cast<int64_t>(call->attrs[attr]) : -1;
+  if (axis < 0) axis += x.rank;
+  if (x.rank > 0 && (axis < 0 || axis >= x.rank)) return "axis attr out of range";
+  for (int d = 0; d < x.rank; ++d) in_row[d] = d == axis;
+  return nullptr;
+}
+inline const char* row_dims_axes(const AnychipKernelCall* call, int attr, const AnychipTensor& x, bool* in_row) {
+  const int64_t n = call->num_attrs > attr ? static_cast<int64_t>(call->attrs[attr]) : 0;
+  if (call->num_attrs < attr + 1 + n) return "fewer axis attrs than the count says";
+  for (int d = 0; d < x.rank; ++d) in_row[d] = n == 0;
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t axis = static_cast<int64_t>(call->attrs[attr + 1 + k]);
+    if (axis < 0 || axis >= x.rank) return "axis attr out of range";
+    in_row[axis] = true;
+  }
+  return nullptr;
+}
+
+inline int64_t part(int64_t n, int64_t parts, int64_t i) { return n * i / parts; }
+
+}  // namespace acg
+"""

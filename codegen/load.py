@@ -1,0 +1,29 @@
+"""Registering generated kernels as a device's kernels, through the same registry as
+hand-written ones."""
+
+from __future__ import annotations
+
+# op -> the kernel computing its input gradients, registered as the op's backward. A base op's
+# grad is also an op of its own (anychip.ops.base: the Paddle bridge calls it by name); a fused
+# op's is not.
+BACKWARD_OF = {"rms_norm": "rms_norm_grad", "softmax": "softmax_grad",
+               "cross_entropy_with_softmax": "cross_entropy_with_softmax_grad"}
+BACKWARD_ONLY = frozenset({"rms_norm_grad"})
+
+
+def register(registry, device: str, library, backward_of=BACKWARD_OF, backward_only=BACKWARD_ONLY) -> list[str]:
+    """Registers every kernel of ``library`` (a :class:`anychip_codegen.Library`) for ``device``,
+    one registration per op and dtype, the backward paired per ``backward_of``. Returns the
+    ops registered."""
+    found = library.load()
+    ops = []
+    for kernel in library.kernels:
+        if kernel.name in backward_only:
+            continue
+        grad = backward_of.get(kernel.name)
+        for dtype in kernel.dtypes:
+            backward = found.get(f"{grad}.{dtype}") if grad else None
+            registry.register(kernel.name, device, (dtype,), forward=found[f"{kernel.name}.{dtype}"],
+                              backward=backward)
+        ops.append(kernel.name)
+    return ops

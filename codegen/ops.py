@@ -1,0 +1,129 @@
+"""The base operator set (and the fused RMSNorm) as descriptions: what a chip gets from CodeGen.
+
+Each kernel follows the op's ABI in anychip/kernel.h (base ops: the broadcasting rule, attrs
+as doubles). ``library(dtypes)`` restricts every op to the dtypes a chip supports.
+"""
+
+from __future__ import annotations
+
+from .ir import (ALL, FLOATS, INTS, Arg, Attr, Cast, Const, Elementwise, Input, Out, Position, RowAt, Rows,
+                 RowsOf, ROW_LEN, Variants, Unary, Binary, row_max, row_sum, rsqrt, where, exp, log)
+
+X, Y, Z = Input(0), Input(1), Input(2)
+T = Arg("T")
+
+UNARY_OPS = {name: Unary(name, X) for name in ("exp", "log", "sqrt", "rsqrt", "silu", "sigmoid", "tanh", "abs")}
+UNARY_OPS["neg"] = -X
+# scale: attrs [scale, bias, bias_after_scale]
+UNARY_OPS["scale"] = where(Attr(2, 1.0).ne(0.0), Attr(0, 1.0) * X + Attr(1), Attr(0, 1.0) * (X + Attr(1)))
+UNARY_OPS["pow"] = X ** Attr(0, 1.0)
+
+BINARY_OPS = {"add": X + Y, "subtract": X - Y, "multiply": X * Y, "divide": X / Y,
+              "maximum": Binary("max", X, Y), "minimum": Binary("min", X, Y), "elementwise_pow": X ** Y}
+
+COMPARE_OPS = {"equal": X.eq(Y), "not_equal": X.ne(Y), "less_than": X < Y, "less_equal": X <= Y,
+               "greater_than": X > Y, "greater_equal": X >= Y}
+
+
+def elementwise_kernels() -> list:
+    kernels = [Elementwise(n, (T,), (Out("T", e),), FLOATS) for n, e in UNARY_OPS.items()]
+    kernels += [Elementwise(n, (T, T), (Out("T", e),), FLOATS) for n, e in BINARY_OPS.items()]
+    kernels += [Elementwise(n, (T, T), (Out("bool", e),), FLOATS + INTS) for n, e in COMPARE_OPS.items()]
+    kernels += [
+        Elementwise("where", (Arg("bool"), T, T), (Out("T", where(X, Y, Z)),), ALL),
+        # cast: registered under the input's dtype, writes whatever dtype the output has
+        Elementwise("cast", (T,), (Out("*", X),), ALL),
+        Elementwise("fill", (), (Out("T", Attr(0, exact=True)),), ALL),
+        Elementwise("copy", (T,), (Out("T", X),), ALL),
+        # arange: attrs [start, step], out[i] = start + i * step (in double: exact for int64)
+        Elementwise("arange", (), (Out("T", Attr(0, exact=True) + Position() * Attr(1, exact=True)),),
+                    FLOATS + ("int64",)),
+    ]
+    return kernels
+
+
+def reduction_kernels() -> list:
+    # attrs [keepdim, n, axes...]: the reduced axes make the row; out holds one value per row
+    axes = RowsOf("attr_axes", 1)
+    return [Rows("sum", (T,), (Out("T", row_sum(X), "per_row"),), FLOATS, rows=axes),
+            Rows("mean", (T,), (Out("T", row_sum(X) / ROW_LEN, "per_row"),), FLOATS, rows=axes),
+            Rows("max", (T,), (Out("T", row_max(X), "per_row"),), FLOATS, rows=axes)]
+
+
+def softmax_kernels() -> list:
+    axis = RowsOf("attr_axis", 0)
+    e = exp(X - row_max(X))
+    softmax = Rows("softmax", (T,), (Out("T", e / row_sum(e)),), FLOATS, rows=axis)
+    # softmax_grad (out, dout -> dx): dx = out * (dout - sum(dout * out))
+    grad = Rows("softmax_grad", (T, T), (Out("T", X * (Y - row_sum(X * Y))),), FLOATS, rows=axis)
+    return [softmax, grad]
+
+
+def cross_entropy_kernels() -> list:
+    """cross_entropy_with_softmax over the last axis (attrs [ignore_index]): logits, label
+    int64[..., 1] -> softmax, loss[..., 1]; and its grad (label, softmax, dloss -> dlogits)."""
+    label = Input(1)
+    ignored = label.eq(Attr(0, -100.0))
+    m = row_max(X)
+    s = row_sum(exp(X - m))
+    forward = Rows("cross_entropy_with_softmax", (T, Arg("int64", "per_row")),
+                   (Out("T", exp(X - m) / s), Out("T", where(ignored, Const(0.0), m + log(s) - RowAt(0, label)), "per_row")),
+                   FLOATS)
+    label_g, softmax_g, dloss = Input(0), Input(1), Input(2)
+    onehot = where(Position().eq(label_g), Const(1.0), Const(0.0))
+    grad = Rows("cross_entropy_with_softmax_grad",
+                (Arg("int64", "per_row"), T, Arg("T", "per_row")),
+                (Out("T", where(label_g.eq(Attr(0, -100.0)), Const(0.0), (softmax_g - onehot) * dloss)),),
+                FLOATS)
+    return [forward, grad]
+
+
+def rms_norm_kernels() -> list:
+    """rms_norm and rms_norm_grad as anychip/kernel.h fixes them, with and without the optional
+    input (residual; dh_extra)."""
+    eps = Attr(0, 1e-6)
+    w = Input(1)
+    col, per_row = Arg("T", "col"), Arg("float32", "per_row")
+
+    def forward(h):
+        inv = rsqrt(row_sum(h * h) / ROW_LEN + eps)
+        return Out("T", h * inv * w), Out("float32", inv, "per_row")
+
+    plain = Rows("rms_norm", (T, col), forward(X), FLOATS)
+    h = Cast(X + Input(2), "T")  # stored as h, then read back: the rounded value
+    residual = Rows("rms_norm", (T, col, T), (*forward(h), Out("T", X + Input(2))), FLOATS)
+
+    # grad: dy, h, weight, inv_rms f32[R], dh_extra? -> dh, dweight
+    dy, hh, wg, inv = Input(0), Input(1), Input(2), Input(3)
+    k = inv * inv * inv * row_sum(dy * wg * hh) / ROW_LEN
+    dh = inv * dy * wg - k * hh
+
+    def grad(extra):
+        ins = (T, T, col, per_row) + ((T,) if extra else ())
+        return Rows("rms_norm_grad", ins, (Out("T", dh + Input(4) if extra else dh),
+                                           Out("T", dy * hh * inv, "col_sum")), FLOATS)
+
+    return [Variants("rms_norm", ((2, plain), (3, residual))),
+            Variants("rms_norm_grad", ((4, grad(False)), (5, grad(True))))]
+
+
+def all_kernels() -> list:
+    return (elementwise_kernels() + reduction_kernels() + softmax_kernels() + cross_entropy_kernels()
+            + rms_norm_kernels())
+
+
+def restrict(kernel, dtypes):
+    """``kernel`` for the dtypes among ``dtypes`` only (None when it keeps none)."""
+    from dataclasses import replace
+
+    keep = tuple(d for d in kernel.dtypes if d in dtypes)
+    if not keep:
+        return None
+    if isinstance(kernel, Variants):
+        return replace(kernel, by_inputs=tuple((n, replace(k, dtypes=keep)) for n, k in kernel.by_inputs))
+    return replace(kernel, dtypes=keep)
+
+
+def library(dtypes) -> list:
+    """Every generated kernel, restricted to ``dtypes`` (a chip's supported dtypes)."""
+    return [k for k in (restrict(k, dtypes) for k in all_kernels()) if k is not None]
