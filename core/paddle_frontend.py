@@ -16,7 +16,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from . import fallback
+from . import fallback, paddle_kernels
 from .errors import PaddleImportOrderError
 from .host_memory import keep_freed_host_memory
 from .host_threads import num_threads
@@ -53,14 +53,16 @@ def _bridged_devices() -> dict[str, dict]:
     return configs
 
 
-def _write_root(configs: dict[str, dict]) -> Path:
+def _write_root(configs: dict[str, dict], kernel_libs: dict[str, Path]) -> Path:
     bridge = library_path("anychip_paddle_bridge")
     if not bridge.exists():
         raise FileNotFoundError(
             f"{bridge} is missing: anychip was built without Paddle's headers. Install "
             "paddlepaddle first, then reinstall anychip (see README)")
     text = {n: "".join(f"{k}={v}\n" for k, v in c.items()) for n, c in configs.items()}
-    digest = hashlib.sha256(bridge.read_bytes() + repr(sorted(text.items())).encode()).hexdigest()[:16]
+    # kernel libraries' paths are content hashes (anychip.paddle_kernels), so they key the root too
+    kernels = sorted((n, str(p)) for n, p in kernel_libs.items())
+    digest = hashlib.sha256(bridge.read_bytes() + repr((sorted(text.items()), kernels)).encode()).hexdigest()[:16]
     root = cache_dir() / "paddle_devices" / digest
     if not root.exists():
         tmp = root.with_name(f"{digest}.tmp{os.getpid()}")
@@ -70,6 +72,8 @@ def _write_root(configs: dict[str, dict]) -> Path:
             lib = tmp / f"libanychip_{name}.so"
             shutil.copyfile(bridge, lib)
             (tmp / f"libanychip_{name}.so.conf").write_text(conf)
+        for name, path in kernel_libs.items():
+            shutil.copyfile(path, tmp / f"libanychip_{name}_kernels.so")
         try:
             tmp.rename(root)  # atomic: a concurrent process sees all of it or none
         except OSError:
@@ -90,7 +94,7 @@ def import_paddle():
     global _root
     keep_freed_host_memory()
     configs = _bridged_devices()
-    _root = _write_root(configs)
+    _root = _write_root(configs, paddle_kernels.libraries(registry().kernels, configs))
     os.environ["CUSTOM_DEVICE_ROOT"] = str(_root)
     count_fallbacks = bool(configs) and not fallback.strict()
     # Strided views need a `contiguous` kernel on a device to become dense again, and Paddle has

@@ -61,7 +61,7 @@ def test_mlp_adamw_on_simulated_chip_matches_cpu(device):
         assert abs(a - b) <= 1e-5 * max(1.0, abs(a))
     assert out["max_param_diff"] <= 1e-5
     ops = {op for dev, op, dtype, n in out["fallbacks"] if dev == device}
-    assert {"matmul", "adamw", "gelu"} <= ops  # no device kernels yet: every op is counted
+    assert {"adamw", "gelu"} <= ops  # ops without a device kernel are counted
     assert f"  {device:8} adamw" in result.stdout  # and the report lists them
 
 
