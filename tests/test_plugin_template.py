@@ -1,6 +1,7 @@
 """A vendor's path: `anychip new-plugin` writes a separate pip package, which builds and installs
 from its own folder; anychip finds its device through the entry point, its own tests pass, and
-the conformance kit passes with its hand-written kernel."""
+the conformance kit passes with its hand-written kernel (swiglu) and its generated one (rms_norm,
+built by anychip_codegen with the package's own CodeGen target)."""
 
 import json
 import os
@@ -43,7 +44,8 @@ def installed_plugin(generated):
 def test_new_plugin_writes_the_package_and_the_next_steps(generated):
     pkg, stdout = generated
     for path in ("pyproject.toml", "setup.py", "README.md", "anychip_mychip/__init__.py",
-                 "anychip_mychip/runtime.c", "anychip_mychip/kernels.c", "tests/test_mychip_conformance.py"):
+                 "anychip_mychip/runtime.c", "anychip_mychip/kernels.c", "anychip_mychip/codegen_target.py",
+                 "tests/test_mychip_conformance.py"):
         assert (pkg / path).is_file(), path
     assert "{{name}}" not in "".join(p.read_text() for p in pkg.rglob("*") if p.is_file())
     for step in ("pip install --no-build-isolation ./anychip-mychip", "anychip devices",
@@ -61,15 +63,52 @@ def test_readme_names_every_runtime_function_to_replace(generated):
     assert "TODO(vendor)" in (pkg / "anychip_mychip" / "kernels.c").read_text()
 
 
-def test_installed_plugin_is_listed_as_simulated_with_its_kernel(installed_plugin):
+def registered(env) -> dict:
+    """What the installed plugin registered, seen from a fresh interpreter with ``env``."""
+    code = ("import json; from anychip.plugins import registry; r = registry(); print(json.dumps({"
+            "'kernels': sorted({(k.op, d, k.forward.host_code, k.backward is not None) "
+            "for k in r.kernels.kernels() if k.device == 'mychip' for d in k.dtypes}), "
+            "'backends': sorted(r.codegen_backends), "
+            "'problems': [p.reason for p in r.problems if p.plugin == 'mychip']}))")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_installed_plugin_is_listed_as_simulated_with_its_kernels(installed_plugin):
     _pkg, _site, env = installed_plugin
     listed = anychip("devices", "--json", env=env)
     assert listed.returncode == 0, listed.stderr
     devices = {d["name"]: d for d in json.loads(listed.stdout)}
     assert devices["mychip"]["status"] == "simulated"
     assert devices["mychip"]["plugin"] == "mychip"
-    assert devices["mychip"]["kernels"] == 1
+    assert devices["mychip"]["kernels"] == 2  # swiglu, rms_norm
+    assert devices["mychip"]["reason"] == "template runtime: host memory, synchronous"  # nothing failed
     assert devices["npu"]["status"] == "simulated"  # built-ins unaffected
+
+
+def test_generated_kernel_is_registered_through_the_plugins_codegen_target(installed_plugin):
+    _pkg, _site, env = installed_plugin
+    found = registered(env)
+    assert found["problems"] == []
+    assert "mychip-c" in found["backends"]
+    # (op, dtype, host_code, has a backward): called directly like kernels.c's, with its grad
+    assert found["kernels"] == [["rms_norm", d, False, True] for d in ("bfloat16", "float16", "float32")] + [
+        ["swiglu", "float32", False, True]]
+
+
+def test_a_failed_codegen_build_disables_only_the_generated_kernel(installed_plugin, tmp_path):
+    _pkg, _site, env = installed_plugin
+    # an empty cache, so the library must be built, by a compiler that always fails
+    broken = dict(env, CXX="false", ANYCHIP_CODEGEN_CACHE=str(tmp_path / "cache"))
+    found = registered(broken)
+    assert [k[0] for k in found["kernels"]] == ["swiglu"]
+    [reason] = found["problems"]
+    assert "anychip_register_kernels: CodeGenBuildError" in reason and "'mychip_generated'" in reason
+    listed = anychip("devices", "--json", env=broken)
+    mychip = next(d for d in json.loads(listed.stdout) if d["name"] == "mychip")
+    assert mychip["status"] == "simulated" and mychip["kernels"] == 1
+    assert "CodeGenBuildError" in mychip["reason"] and "run their references" in mychip["reason"]
 
 
 def test_installed_plugin_passes_its_own_tests(installed_plugin, tmp_path):
@@ -80,16 +119,19 @@ def test_installed_plugin_passes_its_own_tests(installed_plugin, tmp_path):
     assert " passed" in own.stdout and "skipped" not in own.stdout
 
 
-def test_conformance_passes_with_the_hand_written_kernel(installed_plugin, tmp_path):
+def test_conformance_passes_with_the_hand_written_and_the_generated_kernel(installed_plugin, tmp_path):
     _pkg, _site, env = installed_plugin
     run = anychip("conformance", "--device", "mychip", "--out", str(tmp_path), env=env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert "simulated" in run.stdout
     results = json.loads((tmp_path / "conformance.json").read_text())["results"]
     ops = [r for r in results if r["section"] == "op"]
-    swiglu = {(r["dtype"], r["direction"]): r["status"] for r in ops if r["name"] == "swiglu"}
-    assert swiglu[("float32", "fwd")] == swiglu[("float32", "bwd")] == "pass"
-    others = {r["status"] for r in ops if not (r["name"] == "swiglu" and r["dtype"] == "float32")}
+    declared = {(r["name"], r["dtype"], r["direction"]): r["status"] for r in ops
+                if (r["name"], r["dtype"]) == ("swiglu", "float32") or r["name"] == "rms_norm"}
+    assert declared == {(op, dtype, direction): "pass" for op, dtypes in
+                        (("swiglu", ("float32",)), ("rms_norm", ("float32", "float16", "bfloat16")))
+                        for dtype in dtypes for direction in ("fwd", "bwd")}
+    others = {r["status"] for r in ops if (r["name"], r["dtype"], r["direction"]) not in declared}
     assert others == {"not declared"}
     assert {r["status"] for r in results if r["section"] == "runtime"} == {"pass"}
     assert {r["status"] for r in results if r["section"] == "e2e"} == {"pass"}

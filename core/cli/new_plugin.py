@@ -18,8 +18,13 @@ conformance kit passes. It holds:
   anychip_NAME/runtime.c   the whole device runtime contract (anychip/device.h) over host
                            memory; the device is listed as simulated until you port it
   anychip_NAME/kernels.c   one hand-written kernel, swiglu for float32 (anychip/kernel.h)
-  anychip_NAME/__init__.py the entry point: registers the device and the kernel
-  tests/                   the runtime, the kernel on numpy arrays, and the conformance kit
+  anychip_NAME/codegen_target.py
+                           the CodeGen target NAME-c: how anychip_codegen renders, compiles
+                           and loads generated kernels for NAME
+  anychip_NAME/__init__.py the entry point: registers the device, the CodeGen target, swiglu,
+                           and rms_norm (fwd+bwd, float32/float16/bfloat16) generated at
+                           registration (built once, then cached)
+  tests/                   the runtime, the kernels on numpy arrays, and the conformance kit
   README.md                which functions to replace with your SDK's calls, in what order
 
 NAME is what users type (--device NAME): a lowercase letter, then lowercase letters, digits
@@ -62,10 +67,12 @@ next:
   pip install --no-build-isolation {folder}
       builds lib{name}_runtime.so and lib{name}_kernels.so against anychip's headers
   anychip devices
-      lists {name} as simulated
+      lists {name} as simulated (the first run also generates and builds its rms_norm
+      kernels, cached afterwards)
   anychip conformance --device {name}
       checks the runtime contract, every op and a tiny Llama on {name}: swiglu float32
-      passes on the kernel, the other ops are "not declared" (they run their reference)
+      (hand-written) and rms_norm (generated) pass, the other ops are "not declared"
+      (they run their reference)
   python -m pytest {_path_for_shell(dest / "tests")}
       its own tests (run them from outside the package folder)
 

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import anychip.runtime
+from anychip_{{name}} import DTYPES
 
 
 @pytest.fixture
@@ -33,3 +34,8 @@ def test_round_trip_and_memory_stats(device):
 def test_allocation_past_capacity_fails_cleanly(device):
     with pytest.raises(anychip.runtime.DeviceOutOfMemoryError, match="out of memory"):
         device.allocate(device.properties.total_memory + 1)
+
+
+def test_kernels_are_built_for_the_dtypes_the_device_reports(device):
+    # DTYPES (the generated kernels' dtypes) and rt_get_properties in runtime.c must agree
+    assert set(device.properties.dtypes) == set(DTYPES)
