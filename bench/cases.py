@@ -597,6 +597,7 @@ class Target:
     status: str   # "hardware" or "simulated"
     model: str
     host: bool    # Paddle's CPU place: the machine whose roofline is measured
+    peaks: tuple = ()  # (key, value) pairs the plugin declares (DeviceSpec.peaks): hardware's roofline
 
     @property
     def device(self) -> tuple[str, int]:
@@ -636,7 +637,7 @@ def resolve_devices(text: str) -> list[Target]:
             raise ValueError(f"--devices: {name} is unavailable here: {info.reason}")
         if index >= info.count:
             raise ValueError(f"--devices: {item}: {name} has {info.count} device(s), indices 0-{info.count - 1}")
-        target = Target(name, index, info.status, info.model, spec.paddle_type is None)
+        target = Target(name, index, info.status, info.model, spec.paddle_type is None, tuple(dict(spec.peaks).items()))
         if target in out:
             raise ValueError(f"--devices: {item} is listed twice")
         out.append(target)

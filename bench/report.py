@@ -25,10 +25,20 @@ PEER_COLORS = ["#e76f51", "#457b9d", "#f4a261", "#6d597a", "#e9c46a", "#264653"]
 # The document
 
 
+def declared_peak(case, target) -> tuple[float | None, str]:
+    """A hardware device's peak for ``case`` in the case's unit, as its plugin declares it."""
+    key = "memory_gbps" if case.bound == "memory" else f"{case.dtype}_tflops"
+    peak = dict(target.peaks).get(key)
+    if peak is None:
+        return None, "no declared peak"
+    unit = "GB/s" if case.bound == "memory" else "TFLOP/s"
+    return float(peak), f"declared peak {peak:g} {unit} ({key}, from the plugin; not measured)"
+
+
 def roofline_basis(case, target, roofline) -> str:
     """What a share on ``target`` is a share of."""
     if not (target.host or target.simulated):
-        return "no declared peak"
+        return declared_peak(case, target)[1]
     if case.bound == "memory":
         gbps = roofline.memory(case.pattern)
         what = f"{case.pattern} bandwidth {gbps:.1f} GB/s (measured in this run)"
@@ -59,13 +69,17 @@ def document(cases, targets, collectors, listed, unavailable, roofline, settings
             speedups = collector.speedups(case.name)
             for impl, row in rows.items():
                 where, role, label, fallback = listed[(case.name, impl, target.key)]
+                share = row.get("share")
+                if not (target.host or target.simulated):  # hardware: against what its plugin declares
+                    peak = declared_peak(case, target)[0]
+                    share = None if peak is None or row["unit"] not in ("GB/s", "TFLOP/s") else row["rate"] / peak
                 record = {
                     "case": case.name, "op": case.op, "dtype": case.dtype, "device": target.key,
                     "device_status": target.status, "device_label": target.label, "simulated": target.simulated,
                     "impl": impl, "role": role, "label": label, "where": where,
                     "ms": row["ms"], "min_ms": row["min_ms"], "rounds": row["rounds"],
                     "rate": row["rate"], "unit": row["unit"], "amount": row["amount"],
-                    "roofline_share": row.get("share"), "roofline_basis": roofline_basis(case, target, roofline),
+                    "roofline_share": share, "roofline_basis": roofline_basis(case, target, roofline),
                     "foreign_cpu_load": row.get("foreign_load"), "fallback": fallback}
                 if impl == SUBJECT:
                     record["speedup_vs"] = speedups

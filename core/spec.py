@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping, Union
 
 # Bit positions of AnychipDtype in anychip/device.h.
@@ -33,6 +33,10 @@ class DeviceSpec:
                     that is Paddle's own CPU place.
     vendor_runtime: the vendor SDK this device binds when present (shown in listings).
     note:           why the device runs the way it does (e.g. "Ascend ACL not found").
+    peaks:          the hardware's published peaks, for the roofline of `anychip bench`:
+                    "memory_gbps" and "<dtype>_tflops" (e.g. {"memory_gbps": 4800,
+                    "bfloat16_tflops": 989}). Leave empty for the host (measured in each run) and
+                    for a simulated device (which runs at the host's speed).
     """
 
     name: str
@@ -43,8 +47,14 @@ class DeviceSpec:
     paddle_type: str | None = None
     vendor_runtime: str = ""
     note: str = ""
+    peaks: Mapping[str, float] = field(default_factory=dict, hash=False)
 
     def __post_init__(self):
+        for key, value in dict(self.peaks).items():
+            if key != "memory_gbps" and not (key.endswith("_tflops") and key[:-len("_tflops")] in DTYPE_BITS):
+                raise ValueError(f"DeviceSpec.peaks: unknown key {key!r}; expected 'memory_gbps' or '<dtype>_tflops'")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"DeviceSpec.peaks[{key!r}] must be a positive number, got {value!r}")
         if not re.fullmatch(r"[a-z][a-z0-9_]*", self.name):
             raise ValueError(f"DeviceSpec.name must match [a-z][a-z0-9_]*, got {self.name!r}")
         if self.paddle_type is not None:

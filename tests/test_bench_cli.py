@@ -110,16 +110,17 @@ def test_compare_passes_identical_runs_and_flags_an_injected_regression(run_dir,
     assert anychip("bench", "compare", str(out / "bench.json"), str(after), "--threshold", "0.6").returncode == 0
 
 
-def test_a_hardware_chip_is_rated_against_no_peak_the_host_and_simulated_ones_against_the_host():
-    """No plugin declares peaks, so a hardware device other than the host gets none (no GPU is
-    needed: the document is built from recorded timings)."""
+def test_hardware_is_rated_against_its_declared_peaks_the_host_and_simulated_chips_against_the_host():
+    """A hardware device other than the host gets the share of the peaks its plugin declares
+    (DeviceSpec.peaks), or none (no GPU is needed: the document is built from recorded timings)."""
     from anychip_bench import benchlib, report
     from anychip_bench.cases import Target, build_cases
 
     (case,) = build_cases("tiny", "float32", ["rms_norm"])
     roofline = benchlib.Roofline(20.0, threads=2, read_gbps=15.0)
     targets = [Target("cpu", 0, "hardware", "host", True), Target("npu", 0, "simulated", "910B", False),
-               Target("gpu", 0, "hardware", "H200", False)]
+               Target("gpu", 0, "hardware", "H200", False, (("memory_gbps", 4800.0),)),
+               Target("gpu", 1, "hardware", "H200", False)]
     collectors, listed = {}, {}
     for t in targets:
         collectors[t.key] = benchlib.Collector(roofline if t.host or t.simulated else None)
@@ -127,12 +128,24 @@ def test_a_hardware_chip_is_rated_against_no_peak_the_host_and_simulated_ones_ag
         listed[(case.name, "anychip", t.key)] = (t.key, "anychip", "anychip ops.rms_norm", False)
     doc = report.document([case], targets, collectors, listed, {}, roofline, {}, {})
     rows = {r["device"]: r for r in doc["records"]}
-    assert rows["gpu"]["roofline_share"] is None and rows["gpu"]["roofline_basis"] == "no declared peak"
+    assert rows["gpu"]["roofline_share"] == pytest.approx(case.bytes / 1.5e-3 / 1e9 / 4800.0)
+    assert rows["gpu"]["roofline_basis"].startswith("declared peak 4800 GB/s (memory_gbps")
+    assert rows["gpu:1"]["roofline_share"] is None and rows["gpu:1"]["roofline_basis"] == "no declared peak"
     assert rows["cpu"]["roofline_share"] == pytest.approx(case.bytes / 1.5e-3 / 1e9 / 20.0)
     assert rows["npu"]["roofline_share"] == rows["cpu"]["roofline_share"]
     assert "host copy bandwidth 20.0 GB/s" in rows["npu"]["roofline_basis"]
-    gpu_row = next(r for r in report.table_rows(doc) if r[1] == "gpu")
+    gpu_row = next(r for r in report.table_rows(doc) if r[1] == "gpu:1")
     assert gpu_row[5] == "no declared peak"
+
+
+def test_declared_peaks_are_checked():
+    from anychip import DeviceSpec
+
+    with pytest.raises(ValueError, match="unknown key 'hbm'"):
+        DeviceSpec("chip", "a chip", "lib.so", peaks={"hbm": 1.0})
+    with pytest.raises(ValueError, match=r"peaks\['bfloat16_tflops'\] must be a positive number"):
+        DeviceSpec("chip", "a chip", "lib.so", peaks={"bfloat16_tflops": 0})
+    assert DeviceSpec("chip", "a chip", "lib.so", peaks={"float32_tflops": 67.0}).peaks["float32_tflops"] == 67.0
 
 
 @pytest.mark.parametrize("args,message", [
