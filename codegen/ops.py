@@ -18,6 +18,8 @@ UNARY_OPS["neg"] = -X
 UNARY_OPS["scale"] = where(Attr(2, 1.0).ne(0.0), Attr(0, 1.0) * X + Attr(1), Attr(0, 1.0) * (X + Attr(1)))
 UNARY_OPS["pow"] = X ** Attr(0, 1.0)
 
+# the binary ops with exact integer forms too (kernel.h): Paddle multiplies int64 labels
+INTEGER_BINARY = ("add", "subtract", "multiply", "maximum", "minimum")
 BINARY_OPS = {"add": X + Y, "subtract": X - Y, "multiply": X * Y, "divide": X / Y,
               "maximum": Binary("max", X, Y), "minimum": Binary("min", X, Y), "elementwise_pow": X ** Y}
 
@@ -27,7 +29,8 @@ COMPARE_OPS = {"equal": X.eq(Y), "not_equal": X.ne(Y), "less_than": X < Y, "less
 
 def elementwise_kernels() -> list:
     kernels = [Elementwise(n, (T,), (Out("T", e),), FLOATS) for n, e in UNARY_OPS.items()]
-    kernels += [Elementwise(n, (T, T), (Out("T", e),), FLOATS) for n, e in BINARY_OPS.items()]
+    kernels += [Elementwise(n, (T, T), (Out("T", e),), FLOATS + INTS if n in INTEGER_BINARY else FLOATS)
+                for n, e in BINARY_OPS.items()]
     kernels += [Elementwise(n, (T, T), (Out("bool", e),), FLOATS + INTS) for n, e in COMPARE_OPS.items()]
     kernels += [
         Elementwise("where", (Arg("bool"), T, T), (Out("T", where(X, Y, Z)),), ALL),

@@ -58,6 +58,7 @@ class PaddleKernel:
     wrapper: str
     base_ops: tuple[str, ...]
     body: str = ""  # the PD_REGISTER_PLUGIN_KERNEL body (e.g. the output dtype of a comparison)
+    fixed: tuple[tuple[str, str], ...] = ()  # (base op, dtype) also needed, whatever the served dtype
 
 
 def _kernels() -> tuple[PaddleKernel, ...]:
@@ -88,6 +89,30 @@ def _kernels() -> tuple[PaddleKernel, ...]:
         PaddleKernel("subtract_grad", "SubtractGradKernel", ("sum", "copy", "scale")),
         PaddleKernel("multiply_grad", "MultiplyGradKernel", ("multiply", "sum", "copy")),
         PaddleKernel("divide_grad", "DivideGradKernel", ("divide", "multiply", "scale", "sum", "copy")),
+        PaddleKernel("div_scale", "DivScaleKernel", ("fill", "divide")),
+        PaddleKernel("sum_grad", "SumGradKernel", ("copy",)),
+        PaddleKernel("split", "SplitKernel", ("copy",)),
+        PaddleKernel("split_with_num", "SplitWithNumKernel", ("copy",)),
+        PaddleKernel("concat", "ConcatKernel", ("copy",)),
+        PaddleKernel("concat_grad", "ConcatGradKernel", ("copy",)),
+        PaddleKernel("expand", "ExpandKernel", ("copy",)),
+        PaddleKernel("transpose", "TransposeKernel", ("copy",)),
+        PaddleKernel("transpose_grad", "TransposeGradKernel", ("copy",)),
+        PaddleKernel("slice", "SliceKernel", ("copy",)),
+        PaddleKernel("unsqueeze", "UnsqueezeKernel", ("copy",)),
+        PaddleKernel("set_value_with_tensor", "SetTensorValueKernel", ("copy",)),
+        PaddleKernel("gather", "GatherKernel", ("index_select",)),
+        PaddleKernel("gather_grad", "GatherGradKernel", ("embedding_grad",)),
+        PaddleKernel("index_select", "IndexSelectKernel", ("index_select",)),
+        PaddleKernel("index_select_grad", "IndexSelectGradKernel", ("embedding_grad",)),
+        PaddleKernel("embedding", "EmbeddingKernel", ("embedding",)),
+        PaddleKernel("embedding_grad", "EmbeddingGradKernel", ("embedding_grad",)),
+        # offsets in int64, then a lookup of x's elements
+        PaddleKernel("take_along_axis", "TakeAlongAxisKernel", ("embedding",),
+                     fixed=tuple((op, "int64") for op in ("fill", "arange", "multiply", "add"))),
+        PaddleKernel("cross_entropy_with_softmax", "CrossEntropyWithSoftmaxKernel", ("cross_entropy_with_softmax",)),
+        PaddleKernel("cross_entropy_with_softmax_grad", "CrossEntropyWithSoftmaxGradKernel",
+                     ("cross_entropy_with_softmax_grad",)),
     ]
     return tuple(table)
 
@@ -105,18 +130,21 @@ def _native(registry, op: str, device: str, dtype: str) -> NativeKernel | None:
 
 def plan(registry, device: str) -> tuple[dict[tuple[str, str], NativeKernel], dict[str, list[str]]]:
     """What the device's library holds: {(base op, dtype): kernel} and {Paddle kernel: dtypes}.
-    Only C-ABI kernels (NativeKernel) count; Python kernels have no place in a C++ library."""
-    used: dict[tuple[str, str], NativeKernel] = {}
+    Only C-ABI kernels (NativeKernel) count; Python kernels have no place in a C++ library.
+    The table holds every base-op kernel of the device, not only those of the served dtypes: a
+    wrapper may need one of another dtype (e.g. ``cast`` of an int32 index to int64)."""
+    from .ops.base import BASE_OPS  # here: anychip.ops imports paddle_frontend, which imports this module
+
     served: dict[str, list[str]] = {}
     for pk in PADDLE_KERNELS:
+        if any(_native(registry, op, device, d) is None for op, d in pk.fixed):
+            continue
         dtypes = [d for d in CPP_TYPES
                   if all(_native(registry, op, device, d) is not None for op in pk.base_ops)]
-        if not dtypes:
-            continue
-        served[pk.name] = dtypes
-        for op in pk.base_ops:
-            for d in dtypes:
-                used[(op, d)] = _native(registry, op, device, d)
+        if dtypes:
+            served[pk.name] = dtypes
+    used = {(op, d): k for op in BASE_OPS for d in CPP_TYPES
+            if (k := _native(registry, op, device, d)) is not None} if served else {}
     return used, served
 
 

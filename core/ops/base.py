@@ -467,6 +467,9 @@ _BINARY = {
     "divide": ("x / y", np.divide), "maximum": ("max(x, y) (NaN propagates)", np.maximum),
     "minimum": ("min(x, y) (NaN propagates)", np.minimum), "elementwise_pow": ("x^y", np.power),
 }
+# binary ops with an integer form too (exact, wrapping): index arithmetic, and Paddle's own
+# cross_entropy multiplies its int64 labels by a mask
+_INTEGER_BINARY = ("add", "subtract", "multiply", "maximum", "minimum")
 _COMPARE = {
     "equal": np.equal, "not_equal": np.not_equal, "less_than": np.less, "less_equal": np.less_equal,
     "greater_than": np.greater, "greater_equal": np.greater_equal,
@@ -477,7 +480,8 @@ _REDUCTION_ATTRS = (("keepdim", "1: reduced dims kept with size 1"), ("n", "the 
 _DECLARATIONS = [
     *(_op(n, "unary", ["x"], ["out"], s, _unary(f), _same, attrs=_UNARY_ATTRS.get(n, ()))
       for n, (s, f) in _UNARY.items()),
-    *(_op(n, "binary", ["x", "y"], ["out"], s, _binary(f), _broadcast) for n, (s, f) in _BINARY.items()),
+    *(_op(n, "binary", ["x", "y"], ["out"], s, _binary(f), _broadcast,
+          FLOATS + INTS if n in _INTEGER_BINARY else FLOATS) for n, (s, f) in _BINARY.items()),
     *(_op(n, "compare", ["x", "y"], ["out"], f"x {n.replace('_', ' ')} y, a bool", _binary(f, np.bool_), _broadcast,
           FLOATS + INTS, output_dtypes=("bool",), tolerance=dict(_EXACT, **{d: (0.0, 0.0) for d in FLOATS}))
       for n, f in _COMPARE.items()),

@@ -1,10 +1,14 @@
 """Hygon DCU. Binds DTK (HIP) when present; until then, the simulator with Z100 traits.
 
 The Z100 has no bfloat16, so bf16 work on ``dcu`` exercises the dtype fallback paths.
+
+Its kernels mix both ways in: the base ops CodeGen describes are generated (built on first use,
+cached), the rest (matmul, embedding, index_select) and every fused op are hand-written (the
+shared host kernels); a build failure drops only the generated kernels.
 """
 
 import anychip
-from anychip_plugins.cpu.host_kernels import register_host_kernels
+from anychip_plugins.cpu.host_kernels import register_base_kernels, register_host_kernels
 
 TRAITS = anychip.ChipTraits(
     model="Hygon Z100", vendor="Hygon", memory_bytes=32 << 30, compute_capability=0,
@@ -21,4 +25,9 @@ def anychip_register_devices():
 
 @anychip.hookimpl
 def anychip_register_kernels(registry):
+    import anychip_codegen
+
+    kernels = [k for k in anychip_codegen.ops.library(TRAITS.dtypes) if k.name != "rms_norm"]
     register_host_kernels(registry, "dcu", TRAITS.dtypes)
+    register_base_kernels(registry, "dcu", TRAITS.dtypes, exclude={k.name for k in kernels})
+    anychip_codegen.register(registry, "dcu", anychip_codegen.generate("dcu_kernels", kernels, "c"))

@@ -1,7 +1,14 @@
-"""Enflame GCU. Binds TopsRider when present; until then, the simulator with S60 traits."""
+"""Enflame GCU. Binds TopsRider when present; until then, the simulator with S60 traits.
+
+Its kernels mix both ways in: the base ops are hand-written (the shared host kernels), while its
+fused normalization, RMSNorm forward and backward, comes from CodeGen (built on first use,
+cached; a build failure drops only the generated kernel, keeping the hand-written ones).
+"""
 
 import anychip
-from anychip_plugins.cpu.host_kernels import register_host_kernels
+from anychip_plugins.cpu.host_kernels import register_base_kernels, register_host_kernels
+
+GENERATED = ("rms_norm", "rms_norm_grad")
 
 TRAITS = anychip.ChipTraits(
     model="Enflame S60", vendor="Enflame", memory_bytes=48 << 30, compute_capability=0,
@@ -18,4 +25,9 @@ def anychip_register_devices():
 
 @anychip.hookimpl
 def anychip_register_kernels(registry):
-    register_host_kernels(registry, "gcu", TRAITS.dtypes)
+    import anychip_codegen
+
+    register_host_kernels(registry, "gcu", TRAITS.dtypes, exclude=GENERATED)
+    register_base_kernels(registry, "gcu", TRAITS.dtypes)
+    kernels = [k for k in anychip_codegen.ops.library(TRAITS.dtypes) if k.name in GENERATED]
+    anychip_codegen.register(registry, "gcu", anychip_codegen.generate("gcu_kernels", kernels, "c"))

@@ -151,7 +151,8 @@
  *                    neg; scale (attrs: scale, bias, bias_after_scale: out = scale*x + bias, or
  *                    scale*(x + bias) when bias_after_scale is 0); pow (attrs: factor: out = x^factor)
  *   binary:          x, y -> out (same dtype, float): add, subtract, multiply, divide, maximum,
- *                    minimum (NaN propagates), elementwise_pow
+ *                    minimum (NaN propagates), elementwise_pow; add, subtract, multiply, maximum and
+ *                    minimum also take int32/int64 (exact, wrapping on overflow)
  *   compare:         x, y (float or int) -> out bool: equal, not_equal, less_than, less_equal,
  *                    greater_than, greater_equal
  *   where:           condition bool, x, y (any dtype) -> out = condition ? x : y

@@ -29,10 +29,70 @@ DenseTensor temporary(const Context& c, const phi::DDim& dims) {
   return t;
 }
 
+// A temporary of any dtype (casts, index conversions, contiguous copies).
+template <typename Context>
+DenseTensor temporary(const Context& c, const phi::DDim& dims, phi::DataType dtype) {
+  DenseTensor t;
+  t.Resize(dims);
+  c.Alloc(&t, dtype);
+  return t;
+}
+
+// Row-major with no gaps (size-1 dimensions may have any stride).
+inline bool is_dense(const AnychipTensor& d) {
+  int64_t dense = 1;
+  for (int i = d.rank - 1; i >= 0; --i) {
+    if (d.shape[i] != 1 && d.strides[i] != dense) return false;
+    dense *= d.shape[i];
+  }
+  return true;
+}
+
+// `t` as a dense descriptor: itself when it is dense, else a dense copy made in `storage`
+// (the base ops other than the elementwise ones and the reductions take dense inputs).
+template <typename Context>
+AnychipTensor dense(const Context& c, const DenseTensor& t, DenseTensor* storage) {
+  AnychipTensor d = describe(t);
+  if (is_dense(d)) return d;
+  *storage = temporary(c, t.dims(), t.dtype());
+  AnychipTensor copy = describe(*storage);
+  launch(c, "copy", t.dtype(), {d}, {copy});
+  return copy;
+}
+
+// An int64 descriptor of index tensor `t` (int64 as it is, int32 cast into `storage`), dense.
+template <typename Context>
+AnychipTensor int64_index(const Context& c, const DenseTensor& t, DenseTensor* storage) {
+  if (t.dtype() == phi::DataType::INT64) return dense(c, t, storage);
+  if (t.dtype() != phi::DataType::INT32) {
+    fail("an index must be int64 or int32, got " + phi::DataTypeToString(t.dtype()));
+  }
+  *storage = temporary(c, t.dims(), phi::DataType::INT64);
+  launch(c, "cast", t.dtype(), {describe(t)}, {describe(*storage)});
+  return describe(*storage);
+}
+
+// `axis` (negative counts from the end) as an index into `rank` dimensions.
+inline int normalized(int64_t axis, int rank, const char* what) {
+  int64_t a = axis < 0 ? axis + rank : axis;
+  if (a < 0 || a >= std::max(rank, 1)) {
+    fail(std::string(what) + " axis " + std::to_string(axis) + " is out of range for rank " + std::to_string(rank));
+  }
+  return static_cast<int>(a);
+}
+
+// The view of `d` that holds `length` elements of dimension `axis` from `start` on.
+inline AnychipTensor narrow(AnychipTensor d, int axis, int64_t start, int64_t length) {
+  d.data = static_cast<char*>(d.data) + start * d.strides[axis] * static_cast<int64_t>(element_size(d.dtype));
+  d.shape[axis] = length;
+  return d;
+}
+
 // A dense descriptor of `t`'s memory with shape `shape` (same element count; e.g. with the
-// reduced dimensions kept as 1).
+// reduced dimensions kept as 1). `t` must be dense: a view cannot be reshaped in place.
 inline AnychipTensor reshaped(const DenseTensor& t, const std::vector<int64_t>& shape) {
   AnychipTensor d = describe(t);
+  if (!is_dense(d)) fail("cannot reshape a strided tensor of shape " + t.dims().to_str() + " in place");
   d.rank = static_cast<int32_t>(shape.size());
   int64_t dense = 1;
   for (int i = d.rank - 1; i >= 0; --i) {
@@ -378,6 +438,384 @@ void DivideGradKernel(const Context& c, const DenseTensor&, const DenseTensor& y
   DenseTensor negated = temporary<T>(c, dims);
   launch(c, "scale", dtype_of<T>(), {describe(product)}, {describe(negated)}, {-1.0, 0.0, 1.0});
   reduce_to<T>(c, describe(negated), dy);
+}
+
+// dx = dout / scale (the division itself, not a multiplication by 1 / scale, so results match
+// Paddle's CPU kernel bit for bit): a rank-0 tensor holding scale, broadcast.
+template <typename T, typename Context>
+void DivScaleKernel(const Context& c, const DenseTensor& x, const phi::Scalar& scale, DenseTensor* out) {
+  c.template Alloc<T>(out);
+  DenseTensor divisor = temporary<T>(c, common::make_ddim({}));
+  launch(c, "fill", dtype_of<T>(), {}, {describe(divisor)}, {scale.to<double>()});
+  launch(c, "divide", dtype_of<T>(), {broadcast(x, out->dims()), broadcast(divisor, out->dims())}, {describe(*out)});
+}
+
+// dx = dout broadcast back over the reduced dimensions (a copy with stride 0 there).
+template <typename T, typename Context>
+void SumGradKernel(const Context& c, const DenseTensor& x, const DenseTensor& out_grad, const phi::IntArray& dims,
+                   bool keep_dim, bool reduce_all, DenseTensor* x_grad) {
+  c.template Alloc<T>(x_grad);
+  int rank = x.dims().size();
+  std::vector<double> attrs = reduce_attrs(dims, rank, true);
+  std::vector<bool> reduced(rank, reduce_all || attrs[1] == 0);
+  for (size_t k = 2; k < attrs.size(); ++k) reduced[static_cast<int>(attrs[k])] = true;
+  std::vector<int64_t> kept(rank);
+  for (int i = 0; i < rank; ++i) kept[i] = reduced[i] ? 1 : x.dims()[i];
+  DenseTensor storage;
+  AnychipTensor g = dense(c, out_grad, &storage);
+  g.rank = rank;
+  int64_t stride = 1;
+  for (int i = rank - 1; i >= 0; --i) {  // out_grad's dense memory seen at x's rank
+    g.shape[i] = x.dims()[i];
+    g.strides[i] = reduced[i] ? 0 : stride;
+    stride *= kept[i];
+  }
+  launch(c, "copy", dtype_of<T>(), {g}, {describe(*x_grad)});
+}
+
+// ---- copies: views of the input or of the output moved by the base `copy` kernel ----
+
+template <typename T, typename Context>
+void split_along(const Context& c, const DenseTensor& x, const phi::Scalar& axis, const std::vector<DenseTensor*>& out) {
+  AnychipTensor from = describe(x);
+  int a = normalized(axis.to<int64_t>(), from.rank, "split");
+  int64_t start = 0;
+  for (DenseTensor* o : out) {
+    c.template Alloc<T>(o);
+    int64_t length = o->dims()[a];
+    launch(c, "copy", dtype_of<T>(), {narrow(from, a, start, length)}, {describe(*o)});
+    start += length;
+  }
+}
+
+template <typename T, typename Context>
+void SplitKernel(const Context& c, const DenseTensor& x, const phi::IntArray&, const phi::Scalar& axis,
+                 std::vector<DenseTensor*> out) {
+  split_along<T>(c, x, axis, out);  // the sections are the outputs' sizes, inferred already
+}
+
+template <typename T, typename Context>
+void SplitWithNumKernel(const Context& c, const DenseTensor& x, int, const phi::Scalar& axis,
+                        std::vector<DenseTensor*> out) {
+  split_along<T>(c, x, axis, out);
+}
+
+// Each input is copied into its slice of the output (copy's output may be a strided view).
+template <typename T, typename Context>
+void ConcatKernel(const Context& c, const std::vector<const DenseTensor*>& x, const phi::Scalar& axis,
+                  DenseTensor* out) {
+  c.template Alloc<T>(out);
+  AnychipTensor to = describe(*out);
+  int a = normalized(axis.to<int64_t>(), to.rank, "concat");
+  int64_t start = 0;
+  for (const DenseTensor* t : x) {
+    if (t->numel() == 0) continue;  // Paddle lets empty tensors of any shape join
+    int64_t length = t->dims()[a];
+    launch(c, "copy", dtype_of<T>(), {describe(*t)}, {narrow(to, a, start, length)});
+    start += length;
+  }
+}
+
+// out = x broadcast to out's shape (inferred from `shape`, -1 entries resolved).
+template <typename T, typename Context>
+void ExpandKernel(const Context& c, const DenseTensor& x, const phi::IntArray&, DenseTensor* out) {
+  c.template Alloc<T>(out);
+  launch(c, "copy", dtype_of<T>(), {broadcast(x, out->dims())}, {describe(*out)});
+}
+
+// out = x with its dimensions permuted: out dim i is x dim axis[i].
+template <typename T, typename Context>
+void permute(const Context& c, const DenseTensor& x, const std::vector<int>& axis, DenseTensor* out) {
+  c.template Alloc<T>(out);
+  AnychipTensor from = describe(x), view = from;
+  if (static_cast<int>(axis.size()) != from.rank) fail("transpose needs one axis per dimension of x");
+  for (int i = 0; i < from.rank; ++i) {
+    int a = normalized(axis[i], from.rank, "transpose");
+    view.shape[i] = from.shape[a];
+    view.strides[i] = from.strides[a];
+  }
+  launch(c, "copy", dtype_of<T>(), {view}, {describe(*out)});
+}
+
+template <typename T, typename Context>
+void TransposeKernel(const Context& c, const DenseTensor& x, const std::vector<int>& axis, DenseTensor* out) {
+  permute<T>(c, x, axis, out);
+}
+
+template <typename T, typename Context>
+void TransposeGradKernel(const Context& c, const DenseTensor& out_grad, const std::vector<int>& axis,
+                         DenseTensor* x_grad) {
+  std::vector<int> inverse(axis.size());
+  for (size_t i = 0; i < axis.size(); ++i) inverse[normalized(axis[i], static_cast<int>(axis.size()), "transpose")] = i;
+  permute<T>(c, out_grad, inverse, x_grad);
+}
+
+// x's memory seen as the slice [starts, ends) with `steps` along `axes` (Python's rules for
+// negative and out-of-range bounds, as Paddle's slicing applies them).
+inline AnychipTensor sliced(AnychipTensor d, const std::vector<int64_t>& axes, const std::vector<int64_t>& starts,
+                            const std::vector<int64_t>& ends, const std::vector<int64_t>& steps) {
+  if (starts.size() != axes.size() || ends.size() != axes.size() || (!steps.empty() && steps.size() != axes.size())) {
+    fail("slice needs one start, end (and step) per axis");
+  }
+  for (size_t k = 0; k < axes.size(); ++k) {
+    int a = normalized(axes[k], d.rank, "slice");
+    int64_t n = d.shape[a], step = steps.empty() ? 1 : steps[k];
+    if (step == 0) fail("slice step must not be 0");
+    int64_t start = starts[k] < 0 ? starts[k] + n : starts[k];
+    int64_t end = ends[k] < 0 ? ends[k] + n : ends[k];
+    int64_t count;
+    if (step > 0) {
+      start = std::clamp<int64_t>(start, 0, n);
+      end = std::clamp<int64_t>(end, 0, n);
+      count = end > start ? (end - start + step - 1) / step : 0;
+    } else {
+      start = std::clamp<int64_t>(start, -1, n - 1);
+      end = std::clamp<int64_t>(end, -1, n - 1);
+      count = start > end ? (start - end - step - 1) / -step : 0;
+    }
+    d = narrow(d, a, count > 0 ? start : 0, count);
+    d.strides[a] *= step;
+  }
+  return d;
+}
+
+template <typename T, typename Context>
+void SliceKernel(const Context& c, const DenseTensor& input, const std::vector<int64_t>& axes,
+                 const phi::IntArray& starts, const phi::IntArray& ends, const std::vector<int64_t>&,
+                 const std::vector<int64_t>&, DenseTensor* out) {
+  c.template Alloc<T>(out);
+  AnychipTensor view = sliced(describe(input), axes, starts.GetData(), ends.GetData(), {});
+  // out has the slice's elements in the same order (decrease_axis only drops size-1 dims)
+  launch(c, "copy", dtype_of<T>(), {view}, {reshaped(*out, std::vector<int64_t>(view.shape, view.shape + view.rank))});
+}
+
+// A copy into out's shape (the same elements in the same order): unsqueeze and the like.
+template <typename T, typename Context>
+void UnsqueezeKernel(const Context& c, const DenseTensor& x, const phi::IntArray&, DenseTensor* out) {
+  c.template Alloc<T>(out);
+  launch(c, "copy", dtype_of<T>(), {describe(x)}, {reshaped(*out, common::vectorize<int64_t>(x.dims()))});
+}
+
+// out = x with the slice (starts, ends, steps along axes) set to value, broadcast. Paddle's
+// rule: value broadcasts to the slice's shape without decrease_axes and with a 1 at none_axes.
+template <typename T, typename Context>
+void SetTensorValueKernel(const Context& c, const DenseTensor& x, const DenseTensor& value,
+                          const phi::IntArray& starts, const phi::IntArray& ends, const phi::IntArray& steps,
+                          const std::vector<int64_t>& axes, const std::vector<int64_t>& decrease_axes,
+                          const std::vector<int64_t>& none_axes, DenseTensor* out) {
+  c.template Alloc<T>(out);
+  if (out->data() != x.data()) launch(c, "copy", dtype_of<T>(), {describe(x)}, {describe(*out)});  // not in place
+  AnychipTensor view = sliced(describe(*out), axes, starts.GetData(), ends.GetData(), steps.GetData());
+  std::vector<int64_t> target;
+  std::vector<int> dim_of;  // the view's dimension of each target dimension; -1 at a none axis
+  for (int i = 0; i < view.rank; ++i) {
+    if (std::find(decrease_axes.begin(), decrease_axes.end(), i) != decrease_axes.end()) continue;
+    target.push_back(view.shape[i]);
+    dim_of.push_back(i);
+  }
+  for (int64_t n : none_axes) {
+    int64_t at = std::clamp<int64_t>(n, 0, static_cast<int64_t>(target.size()));
+    target.insert(target.begin() + at, 1);
+    dim_of.insert(dim_of.begin() + at, -1);
+  }
+  AnychipTensor v = broadcast(value, common::make_ddim(target)), from = view;
+  from.data = v.data;
+  from.dtype = v.dtype;
+  for (int i = 0; i < view.rank; ++i) from.strides[i] = 0;  // the decreased dims (size 1)
+  for (size_t j = 0; j < target.size(); ++j) {
+    if (dim_of[j] >= 0) from.strides[dim_of[j]] = v.strides[j];
+  }
+  launch(c, "copy", dtype_of<T>(), {from}, {view});
+}
+
+// dx_i = dout's slice along axis where x_i landed (gradients not asked for are skipped).
+template <typename T, typename Context>
+void ConcatGradKernel(const Context& c, const std::vector<const DenseTensor*>& x, const DenseTensor& out_grad,
+                      const phi::Scalar& axis, std::vector<DenseTensor*> x_grad) {
+  AnychipTensor from = describe(out_grad);
+  int a = normalized(axis.to<int64_t>(), from.rank, "concat_grad");
+  int64_t start = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (x[i]->numel() == 0) continue;
+    int64_t length = x[i]->dims()[a];
+    if (i < x_grad.size() && x_grad[i] != nullptr) {
+      c.template Alloc<T>(x_grad[i]);
+      launch(c, "copy", dtype_of<T>(), {narrow(from, a, start, length)}, {describe(*x_grad[i])});
+    }
+    start += length;
+  }
+}
+
+// ---- gathers ----
+
+// out = x's slices at `index` along `axis` (index_select). A rank-0 index drops the axis.
+template <typename T, typename Context>
+void select(const Context& c, const DenseTensor& x, const DenseTensor& index, int64_t axis, DenseTensor* out) {
+  c.template Alloc<T>(out);
+  int rank = x.dims().size();
+  int a = normalized(axis, rank, "gather");
+  DenseTensor x_storage, index_storage;
+  AnychipTensor xd = dense(c, x, &x_storage);
+  AnychipTensor id = int64_index(c, index, &index_storage);
+  if (id.rank > 1) fail("the index must be 1-D, got shape " + index.dims().to_str());
+  int64_t n = id.rank == 0 ? 1 : id.shape[0];
+  id.rank = 1;
+  id.shape[0] = n;
+  id.strides[0] = 1;
+  std::vector<int64_t> shape(x.dims().Get(), x.dims().Get() + rank);
+  shape[a] = n;
+  launch(c, "index_select", dtype_of<T>(), {xd, id}, {reshaped(*out, shape)}, {static_cast<double>(a)});
+}
+
+template <typename T, typename Context>
+void GatherKernel(const Context& c, const DenseTensor& x, const DenseTensor& index, const phi::Scalar& axis,
+                  DenseTensor* out) {
+  select<T>(c, x, index, axis.to<int64_t>(), out);
+}
+
+template <typename T, typename Context>
+void IndexSelectKernel(const Context& c, const DenseTensor& x, const DenseTensor& index, int dim, DenseTensor* out) {
+  select<T>(c, x, index, dim, out);
+}
+
+// dx = scatter-add of dout's slices at `index` along `axis`, as embedding_grad does for rows:
+// per position of the dimensions before `axis`, dout's [n, rest] block lands on dx's [N, rest].
+template <typename T, typename Context>
+void scatter_add(const Context& c, const DenseTensor& index, const DenseTensor& out_grad, int64_t axis,
+                 DenseTensor* x_grad) {
+  c.template Alloc<T>(x_grad);
+  const phi::DDim& dims = x_grad->dims();
+  int a = normalized(axis, dims.size(), "gather_grad");
+  DenseTensor index_storage, grad_storage;
+  AnychipTensor id = int64_index(c, index, &index_storage);
+  int64_t n = id.rank == 0 ? 1 : id.shape[0];
+  id.rank = 1;
+  id.shape[0] = n;
+  id.strides[0] = 1;
+  AnychipTensor g = dense(c, out_grad, &grad_storage);
+  int64_t outer = 1, rest = 1;
+  for (int i = 0; i < a; ++i) outer *= dims[i];
+  for (int i = a + 1; i < dims.size(); ++i) rest *= dims[i];
+  AnychipTensor dx = reshaped(*x_grad, {outer, dims[a], rest});
+  g.rank = 3;
+  g.shape[0] = outer, g.shape[1] = n, g.shape[2] = rest;
+  g.strides[0] = n * rest, g.strides[1] = rest, g.strides[2] = 1;
+  for (int64_t o = 0; o < outer; ++o) {
+    AnychipTensor dout = narrow(g, 0, o, 1), dweight = narrow(dx, 0, o, 1);
+    for (AnychipTensor* d : {&dout, &dweight}) {  // drop the leading 1: [n, rest] and [N, rest]
+      d->rank = 2;
+      d->shape[0] = d->shape[1], d->shape[1] = d->shape[2];
+      d->strides[0] = d->strides[1], d->strides[1] = 1;
+    }
+    launch(c, "embedding_grad", dtype_of<T>(), {id, dout}, {dweight}, {-1.0});
+  }
+}
+
+template <typename T, typename Context>
+void GatherGradKernel(const Context& c, const DenseTensor&, const DenseTensor& index, const DenseTensor& out_grad,
+                      const phi::Scalar& axis, DenseTensor* x_grad) {
+  scatter_add<T>(c, index, out_grad, axis.to<int64_t>(), x_grad);
+}
+
+template <typename T, typename Context>
+void IndexSelectGradKernel(const Context& c, const DenseTensor&, const DenseTensor& index,
+                           const DenseTensor& out_grad, int dim, DenseTensor* x_grad) {
+  scatter_add<T>(c, index, out_grad, dim, x_grad);
+}
+
+template <typename T, typename Context>
+void EmbeddingKernel(const Context& c, const DenseTensor& ids, const DenseTensor& weight, int64_t padding_idx,
+                     DenseTensor* out) {
+  c.template Alloc<T>(out);
+  DenseTensor ids_storage, weight_storage;
+  AnychipTensor id = int64_index(c, ids, &ids_storage);
+  launch(c, "embedding", dtype_of<T>(), {id, dense(c, weight, &weight_storage)}, {describe(*out)},
+         {static_cast<double>(padding_idx)});
+}
+
+template <typename T, typename Context>
+void EmbeddingGradKernel(const Context& c, const DenseTensor& ids, const DenseTensor&, const DenseTensor& out_grad,
+                         int64_t padding_idx, DenseTensor* weight_grad) {
+  c.template Alloc<T>(weight_grad);
+  DenseTensor ids_storage, grad_storage;
+  AnychipTensor id = int64_index(c, ids, &ids_storage);
+  launch(c, "embedding_grad", dtype_of<T>(), {id, dense(c, out_grad, &grad_storage)}, {describe(*weight_grad)},
+         {static_cast<double>(padding_idx)});
+}
+
+// ---- cross-entropy over softmax: hard int labels [..., 1] on the last axis ----
+
+inline void require_hard_last_axis(const char* op, bool soft_label, bool use_softmax, int axis, int rank) {
+  if (soft_label) fail(std::string(op) + ": soft labels have no base kernel (hard int64 labels only)");
+  if (!use_softmax) fail(std::string(op) + ": use_softmax=False has no base kernel");
+  if (normalized(axis, rank, op) != rank - 1) {
+    fail(std::string(op) + ": axis " + std::to_string(axis) + " has no base kernel (the last axis only)");
+  }
+}
+
+template <typename T, typename Context>
+void CrossEntropyWithSoftmaxKernel(const Context& c, const DenseTensor& logits, const DenseTensor& label,
+                                   bool soft_label, bool use_softmax, bool, int ignore_index, int axis,
+                                   DenseTensor* softmax, DenseTensor* loss) {
+  require_hard_last_axis("cross_entropy_with_softmax", soft_label, use_softmax, axis, logits.dims().size());
+  c.template Alloc<T>(softmax);
+  c.template Alloc<T>(loss);
+  DenseTensor logits_storage, label_storage;
+  launch(c, "cross_entropy_with_softmax", dtype_of<T>(),
+         {dense(c, logits, &logits_storage), int64_index(c, label, &label_storage)},
+         {describe(*softmax), describe(*loss)}, {static_cast<double>(ignore_index)});
+}
+
+template <typename T, typename Context>
+void CrossEntropyWithSoftmaxGradKernel(const Context& c, const DenseTensor& label, const DenseTensor& softmax,
+                                       const DenseTensor& loss_grad, bool soft_label, bool use_softmax, bool,
+                                       int ignore_index, int axis, DenseTensor* logits_grad) {
+  require_hard_last_axis("cross_entropy_with_softmax_grad", soft_label, use_softmax, axis, softmax.dims().size());
+  c.template Alloc<T>(logits_grad);
+  DenseTensor label_storage, softmax_storage, grad_storage;
+  launch(c, "cross_entropy_with_softmax_grad", dtype_of<T>(),
+         {int64_index(c, label, &label_storage), dense(c, softmax, &softmax_storage),
+          dense(c, loss_grad, &grad_storage)},
+         {describe(*logits_grad)}, {static_cast<double>(ignore_index)});
+}
+
+// out[p] = x[p with its `axis` coordinate replaced by index[p]], as an embedding lookup of x's
+// elements (a [numel, 1] table) at the linear offsets index[p] * stride(axis) + the offset of
+// p's other coordinates, built in int64 with arange, multiply and add.
+template <typename T, typename Context>
+void TakeAlongAxisKernel(const Context& c, const DenseTensor& x, const DenseTensor& index, int axis,
+                         DenseTensor* out) {
+  c.template Alloc<T>(out);
+  const phi::DataType i64 = phi::DataType::INT64;
+  DenseTensor x_storage, index_storage;
+  AnychipTensor table = dense(c, x, &x_storage);
+  AnychipTensor id = int64_index(c, index, &index_storage);
+  int rank = table.rank, a = normalized(axis, rank, "take_along_axis");
+  if (id.rank != rank) fail("take_along_axis: index must have x's rank");
+  const phi::DDim& dims = index.dims();
+  DenseTensor stride = temporary(c, common::make_ddim({}), i64);
+  DenseTensor offsets = temporary(c, dims, i64), next = temporary(c, dims, i64);  // no in-place launches
+  launch(c, "fill", i64, {}, {describe(stride)}, {static_cast<double>(table.strides[a])});
+  launch(c, "multiply", i64, {id, broadcast(stride, dims)}, {describe(offsets)});
+  for (int d = 0; d < rank; ++d) {
+    if (d == a || dims[d] == 1) continue;
+    if (dims[d] > table.shape[d]) fail("take_along_axis: index is larger than x along dimension " + std::to_string(d));
+    DenseTensor steps = temporary(c, common::make_ddim({dims[d]}), i64);
+    launch(c, "arange", i64, {}, {describe(steps)}, {0.0, static_cast<double>(table.strides[d])});
+    AnychipTensor along = describe(steps);  // [n] seen along dimension d of index's shape
+    along.rank = rank;
+    for (int k = 0; k < rank; ++k) along.shape[k] = dims[k], along.strides[k] = 0;
+    along.strides[d] = 1;
+    launch(c, "add", i64, {describe(offsets), along}, {describe(next)});
+    std::swap(offsets, next);
+  }
+  int64_t numel = 1;
+  for (int k = 0; k < rank; ++k) numel *= table.shape[k];
+  std::vector<int64_t> out_shape = common::vectorize<int64_t>(dims);
+  out_shape.push_back(1);
+  AnychipTensor rows = table;
+  rows.rank = 2, rows.shape[0] = numel, rows.shape[1] = 1, rows.strides[0] = 1, rows.strides[1] = 1;
+  launch(c, "embedding", dtype_of<T>(), {describe(offsets), rows}, {reshaped(*out, out_shape)}, {-1.0});
 }
 
 }  // namespace anychip_pk

@@ -150,22 +150,44 @@ AnychipStatus unary(const AnychipKernelCall* call, const char* name) {
 
 enum class Binary { kAdd, kSubtract, kMultiply, kDivide, kMaximum, kMinimum, kPow };
 
+// Integer add, subtract, multiply, maximum, minimum (index arithmetic; Paddle's cross_entropy
+// multiplies its int64 labels): exact, wrapping on overflow as two's complement does.
+template <Binary kOp, typename T>
+inline T integer_binary(T a, T b) {
+  using U = std::make_unsigned_t<T>;
+  if constexpr (kOp == Binary::kAdd) return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+  if constexpr (kOp == Binary::kSubtract) return static_cast<T>(static_cast<U>(a) - static_cast<U>(b));
+  if constexpr (kOp == Binary::kMultiply) return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+  if constexpr (kOp == Binary::kMaximum) return a > b ? a : b;
+  if constexpr (kOp == Binary::kMinimum) return a < b ? a : b;
+}
+
+constexpr bool has_integer_form(Binary op) {
+  return op == Binary::kAdd || op == Binary::kSubtract || op == Binary::kMultiply || op == Binary::kMaximum ||
+         op == Binary::kMinimum;
+}
+
 template <Binary kOp>
 AnychipStatus binary(const AnychipKernelCall* call, const char* name) {
   if (AnychipStatus s = require_output_shape(call, name); s != ANYCHIP_OK) return s;
-  return dispatch<kFloats>(call, in(call, 0).dtype, name, [&]<typename T>() {
-    return map2<T, T, T>(call, [](T va, T vb) {
-      const float a = to_float(va), b = to_float(vb);
-      float y;
-      if constexpr (kOp == Binary::kAdd) y = a + b;
-      if constexpr (kOp == Binary::kSubtract) y = a - b;
-      if constexpr (kOp == Binary::kMultiply) y = a * b;
-      if constexpr (kOp == Binary::kDivide) y = a / b;
-      if constexpr (kOp == Binary::kMaximum) y = is_nan(a) || is_nan(b) ? a + b : (a > b ? a : b);
-      if constexpr (kOp == Binary::kMinimum) y = is_nan(a) || is_nan(b) ? a + b : (a < b ? a : b);
-      if constexpr (kOp == Binary::kPow) y = std::pow(a, b);
-      return from_float<T>(y);
-    });
+  constexpr unsigned kKinds = has_integer_form(kOp) ? (kFloats | kInts) : kFloats;
+  return dispatch<kKinds>(call, in(call, 0).dtype, name, [&]<typename T>() {
+    if constexpr (!kIsFloat<T>) {
+      return map2<T, T, T>(call, [](T a, T b) { return integer_binary<kOp>(a, b); });
+    } else {
+      return map2<T, T, T>(call, [](T va, T vb) {
+        const float a = to_float(va), b = to_float(vb);
+        float y;
+        if constexpr (kOp == Binary::kAdd) y = a + b;
+        if constexpr (kOp == Binary::kSubtract) y = a - b;
+        if constexpr (kOp == Binary::kMultiply) y = a * b;
+        if constexpr (kOp == Binary::kDivide) y = a / b;
+        if constexpr (kOp == Binary::kMaximum) y = is_nan(a) || is_nan(b) ? a + b : (a > b ? a : b);
+        if constexpr (kOp == Binary::kMinimum) y = is_nan(a) || is_nan(b) ? a + b : (a < b ? a : b);
+        if constexpr (kOp == Binary::kPow) y = std::pow(a, b);
+        return from_float<T>(y);
+      });
+    }
   });
 }
 
