@@ -309,3 +309,14 @@ def test_pytest_plugin_runs_the_checks_as_items_from_any_folder(tmp_path):
     assert "rms_norm float32 fwd: fail, max |error|" in out.stdout
     assert "worst at [2, 256]: got 0" in out.stdout
     assert "anychip conformance npu (simulated): FAILED (5 pass, 1 fail)" in out.stdout
+
+
+@pytest.mark.parametrize("device", ["xpu", "npu", "gcu", "dcu"])
+def test_every_base_op_passes_on_every_simulated_chip(device):
+    """Each chip's base kernels (hand-written on xpu, generated on npu, mixed on gcu and dcu)
+    against the references, broadcasting and odd shapes included (the cases)."""
+    from anychip.conformance.op_checks import BASE_SPECS, run_ops
+
+    results = run_ops(device, ops=list(BASE_SPECS))
+    assert [r for r in results if r.status == FAIL] == []
+    assert sum(r.status == PASS for r in results) > 100
