@@ -51,6 +51,8 @@ from pathlib import Path
 
 import pytest
 
+from anychip_bench.benchlib import cpu_busy_seconds
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # serve_helpers.Server
 
@@ -365,17 +367,6 @@ async def _load(url: str, bodies: list[dict], clients: int, on_done=None) -> tup
     return records, wall
 
 
-def _proc_stat_busy() -> float | None:
-    """CPU seconds all CPUs have been busy since boot (/proc/stat), None where unreadable."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
 def _tree_cpu(root: int) -> float | None:
     """CPU seconds (user + system) so far of process ``root`` and its live descendants (the
     server has a stderr-filter child), None where /proc is unreadable."""
@@ -413,7 +404,7 @@ class CpuMeter:
 
     def _snapshot(self):
         own = os.times()
-        return time.perf_counter(), _proc_stat_busy(), own.user + own.system, _tree_cpu(self.pid)
+        return time.perf_counter(), cpu_busy_seconds(), own.user + own.system, _tree_cpu(self.pid)
 
     def stop(self) -> dict:
         t1 = self._snapshot()

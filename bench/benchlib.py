@@ -241,6 +241,17 @@ class Roofline:
         }
 
 
+def cpu_busy_seconds() -> float | None:
+    """CPU seconds all CPUs have been busy since boot (/proc/stat), None where unreadable."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 class ForeignLoad:
     """How busy the CPUs were with work of other processes between start() and stop(): the
     busy time of all CPUs (/proc/stat) minus this process's own CPU time, as a share of
@@ -252,13 +263,9 @@ class ForeignLoad:
 
     @staticmethod
     def _snapshot():
-        try:
-            with open("/proc/stat") as f:
-                fields = [int(v) for v in f.readline().split()[1:]]
-        except (OSError, ValueError):
+        busy = cpu_busy_seconds()
+        if busy is None:
             return None
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-        busy = (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
         own = os.times()
         return time.perf_counter(), busy, own.user + own.system
 
