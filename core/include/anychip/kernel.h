@@ -92,6 +92,10 @@
  *                           + sum_g offsets[n, g] * (sum of x over group g) + bias[n]
  *                    (the integer sums exact, the float sums in any order). Forward only; relative
  *                    error ~5e-3 against the float product for Gaussian x.
+ *                    Optional 5th attr bf16_products (absent: 0; excludes x_int8): with 1, float32
+ *                    x is rounded to bfloat16 (to nearest even) for the products, as if x were
+ *                    bfloat16, and y stays float32 (where the products run on bfloat16 hardware,
+ *                    W's values are rounded to bfloat16 too; the sums are float32). Forward only.
  *   weight_only_linear_grad: dy[..., N], qweight, scales, offsets? -> dx[..., K];
  *                    attrs: bits, group_size, has_offsets
  *   w8a8_linear:     x[..., K] float, qweight int8[N, K], scales f32[N, 1], bias[N]?
@@ -109,8 +113,10 @@
  *                    then v), qkv_bias[(Hq + 2 Hk) D] (only when has_qkv_bias), LIN o (N = C,
  *                    K = Hq D), ffn_norm[C], LIN gate_up (N = 2 F, K = C: gate rows, then up
  *                    rows), LIN down (N = C, K = F); then final_norm[C] and LIN head (N = V,
- *                    K = C). A LIN is one input, a float32 weight W[N, K] (bits 0), or the
- *                    2 or 3 inputs qweight, scales, offsets? of weight_only_linear.
+ *                    K = C). A LIN is one input, a float32 weight W[N, K] (bits 0) or a
+ *                    bfloat16 one (bits 16; K a multiple of 32: the LIN takes its input rounded to
+ *                    bfloat16 and sums in float32, and a row's result must not depend on B), or
+ *                    the 2 or 3 inputs qweight, scales, offsets? of weight_only_linear.
  *                    outputs: logits f32[B, V]; k_cache, v_cache f32[L, R, S, Hk, D], updated in
  *                    place: for every layer, slot positions[b] of sequence b's row is written before
  *                    the attention of that layer reads slots [0, positions[b]] (pos < S).

@@ -7,8 +7,8 @@
 // does it, so results do not depend on the number of threads. The threads meet after each
 // phase that the next needs all of (decoder_step_team.h), five per layer: qkv, attention, o,
 // gate_up, down. The RMSNorms are tiny, so every thread computes them into its own buffer
-// instead of waiting for one thread; so is the merge of the attention blocks, and with x_int8 the
-// quantization of each product's input.
+// instead of waiting for one thread; so is the merge of the attention blocks, and the int8 or
+// bf16 form of each product's input where its LIN takes one (decoder::Input).
 #include <omp.h>
 
 #include <algorithm>
@@ -83,6 +83,14 @@ class Inputs {
       w->w = floats(layer, name, "weight", {n, k});
       return w->w != nullptr;
     }
+    if (f.bits == 16) {
+      if (k % 32 != 0) {
+        error = label(layer, name, "") + ": bfloat16 weights need K = " + std::to_string(k) + " to be a multiple of 32";
+        return false;
+      }
+      w->w16 = static_cast<const uint16_t*>(take(layer, name, "weight", ANYCHIP_DTYPE_BFLOAT16, {n, k}));
+      return w->w16 != nullptr;
+    }
     quant::QWeight& q = w->q;
     q.bits = f.bits;
     q.n = n;
@@ -118,6 +126,7 @@ class Inputs {
   static const char* dtype_name(int32_t dtype) {
     switch (dtype) {
       case ANYCHIP_DTYPE_FLOAT32: return "float32";
+      case ANYCHIP_DTYPE_BFLOAT16: return "bfloat16";
       case ANYCHIP_DTYPE_INT64: return "int64";
       case ANYCHIP_DTYPE_INT8: return "int8";
       case ANYCHIP_DTYPE_UINT8: return "uint8";
@@ -194,10 +203,6 @@ void run(const Step& st, float* scratch) {
       cs[b * D + half + i] = std::sin(f);
     }
   }
-  // Each thread's int8 form of the input of the product it is at (x_int8), sized beforehand.
-  std::vector<quant::XInt8> int8_buffers(static_cast<size_t>(st.threads));
-  if (m.x_int8)
-    for (quant::XInt8& buffer : int8_buffers) buffer.reserve(B, std::max({C, Hq * D, F}));
   std::vector<AttentionUnit> units;
   std::vector<int64_t> counts(static_cast<size_t>(B));  // blocks of each sequence
   for (int64_t b = 0; b < B; ++b) {
@@ -217,11 +222,11 @@ void run(const Step& st, float* scratch) {
     float* k = q + Hq * D;                                      // [Hk, D] rotated
     const decoder::Rows qkv_rows = team.rows(nqkv), c_rows = team.rows(C), f_rows = team.rows(F);
     const decoder::Rows v_rows = team.rows(m.v);
-    quant::XInt8& int8_buffer = int8_buffers[omp_get_thread_num()];
-    auto int8 = [&](const Lin& w, const float* in) { return decoder::int8_input(m, w, in, B, &int8_buffer, isa); };
-    // h += in W^T over this thread's rows.
-    auto add_product = [&](const Lin& w, const float* in) {
-      decoder::gemv(w, in, int8(w, in), B, c_rows.begin, c_rows.end, tmp, C, isa);
+    decoder::Input input(m, B, std::max({C, Hq * D, F}), isa);
+    // h += x W^T over this thread's rows.
+    auto add_product = [&](const Lin& w, const float* x) {
+      input.set(w, x);
+      decoder::gemv(input, c_rows.begin, c_rows.end, tmp, C);
       for (int64_t b = 0; b < B; ++b)
         for (int64_t n = c_rows.begin; n < c_rows.end; ++n) h[b * C + n] += tmp[b * C + n];
     };
@@ -232,7 +237,8 @@ void run(const Step& st, float* scratch) {
       float* vc = st.v_cache + l * st.r * st.s * slot;
       for (int64_t b = 0; b < B; ++b) decoder::rms_norm_row(h + b * C, layer.attn_norm, C, m.eps, a + b * C, isa);
 
-      decoder::gemv(layer.qkv, a, int8(layer.qkv, a), B, qkv_rows.begin, qkv_rows.end, qkv, nqkv, isa);
+      input.set(layer.qkv, a);
+      decoder::gemv(input, qkv_rows.begin, qkv_rows.end, qkv, nqkv);
       if (layer.qkv_bias != nullptr)
         for (int64_t b = 0; b < B; ++b)
           for (int64_t n = qkv_rows.begin; n < qkv_rows.end; ++n) qkv[b * nqkv + n] += layer.qkv_bias[n];
@@ -266,9 +272,9 @@ void run(const Step& st, float* scratch) {
       team.barrier();
       for (int64_t b = 0; b < B; ++b) decoder::rms_norm_row(h + b * C, layer.ffn_norm, C, m.eps, a + b * C, isa);
 
-      const quant::XInt8* aq = int8(layer.gate_up, a);
-      decoder::gemv(layer.gate_up, a, aq, B, f_rows.begin, f_rows.end, gu, 2 * F, isa);
-      decoder::gemv(layer.gate_up, a, aq, B, F + f_rows.begin, F + f_rows.end, gu, 2 * F, isa);
+      input.set(layer.gate_up, a);
+      decoder::gemv(input, f_rows.begin, f_rows.end, gu, 2 * F);
+      decoder::gemv(input, F + f_rows.begin, F + f_rows.end, gu, 2 * F);
       for (int64_t b = 0; b < B; ++b)
         decoder::swiglu_row(gu + b * 2 * F + f_rows.begin, gu + b * 2 * F + F + f_rows.begin,
                             f_rows.end - f_rows.begin, act + b * F + f_rows.begin, isa);
@@ -279,7 +285,8 @@ void run(const Step& st, float* scratch) {
     }
 
     for (int64_t b = 0; b < B; ++b) decoder::rms_norm_row(h + b * C, m.final_norm, C, m.eps, a + b * C, isa);
-    decoder::gemv(m.head, a, int8(m.head, a), B, v_rows.begin, v_rows.end, st.logits, m.v, isa);
+    input.set(m.head, a);
+    decoder::gemv(input, v_rows.begin, v_rows.end, st.logits, m.v);
   }
 }
 
@@ -320,8 +327,8 @@ ANYCHIP_CPU_KERNEL(decoder_step) {
   for (int i = 0; i < kLinKinds; ++i) {
     const double* a = call->attrs + kFixedAttrs + kAttrsPerLin * i;
     fmt[i] = {static_cast<int>(a[0]), static_cast<int64_t>(a[1]), a[2] != 0.0};
-    if (fmt[i].bits != 0 && fmt[i].bits != 4 && fmt[i].bits != 8)
-      return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: %s has bits %d, expected 0 (float32), 4 or 8", kOp,
+    if (fmt[i].bits != 0 && fmt[i].bits != 4 && fmt[i].bits != 8 && fmt[i].bits != 16)
+      return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: %s has bits %d, expected 0 (float32), 4, 8 or 16 (bfloat16)", kOp,
                   kLinNames[i], fmt[i].bits);
   }
 

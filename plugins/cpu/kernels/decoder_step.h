@@ -13,11 +13,13 @@
 
 namespace anychip::cpu::decoder {
 
-// One linear layer W[N, K]: float32 (bits 0) or weight_quantize's int8 / int4 layout.
+// One linear layer W[N, K]: float32 (bits 0), weight_quantize's int8 / int4 layout, or bfloat16
+// (bits 16).
 struct Lin {
   int bits = 0;
-  const float* w = nullptr;  // bits 0
-  quant::QWeight q{};        // bits 4, 8
+  const float* w = nullptr;       // bits 0
+  const uint16_t* w16 = nullptr;  // bits 16
+  quant::QWeight q{};             // bits 4, 8
   int64_t n = 0, k = 0;
 };
 
@@ -40,15 +42,42 @@ struct Model {
   Lin head;
 };
 
-// y[i * ldy + n] = sum_k x[i * K + k] W[n][k] (+ the offsets' share) for i < m, n in [n0, n1);
-// with xq (x's int8 form, from int8_input) the symmetric part is the x_int8 product instead.
-void gemv(const Lin& w, const float* x, const quant::XInt8* xq, int64_t m, int64_t n0, int64_t n1, float* y,
-          int64_t ldy, Isa isa);
+// Rows of bf16 x per AMX product: the width of a tile.
+constexpr int64_t kBf16Rows = 16;
 
-// x [m][K] quantized into `buffer` for the products with w when the model takes x as int8 and
-// w is quantized; else null (float products).
-const quant::XInt8* int8_input(const Model& model, const Lin& w, const float* x, int64_t m, quant::XInt8* buffer,
-                               Isa isa);
+// One thread's buffers for the form of a product's input that its LIN takes: int8 (x_int8 and a
+// quantized LIN) or bf16 (a bfloat16 LIN). Every thread makes its own (m rows of up to K are
+// little work) rather than wait for one.
+class Input {
+ public:
+  Input(const Model& model, int64_t m, int64_t max_k, Isa isa);
+  ~Input();
+  Input(const Input&) = delete;
+  Input& operator=(const Input&) = delete;
+
+  // Prepares x [m][K] for the products with w; then gemv reads it.
+  void set(const Lin& w, const float* x);
+
+  const Lin* w = nullptr;
+  const float* x = nullptr;
+  const quant::XInt8* int8 = nullptr;  // x's int8 form (x_int8, w quantized)
+  const uint8_t* xt = nullptr;         // x^T's bf16 tiles, kBf16Rows rows per group (w bf16, AMX)
+  const float* rounded = nullptr;      // x rounded to bf16 (w bf16, no AMX)
+  int64_t m;
+  Isa isa;
+  int64_t tile_rows = 0;               // the rows the AMX tiles are configured for (0: none)
+  std::vector<uint16_t> tail;          // the last rows of W, zero-padded to whole tiles (AMX)
+
+ private:
+  bool x_int8_;
+  quant::XInt8 int8_buffer_;
+  std::vector<uint8_t> xt_buffer_;
+  std::vector<float> rounded_buffer_;
+};
+
+// y[i * ldy + n] = sum_k x[i * K + k] W[n][k] (+ the offsets' share) for i < m, n in [n0, n1),
+// in the form `in` was prepared for.
+void gemv(Input& in, int64_t n0, int64_t n1, float* y, int64_t ldy);
 
 // y[i] = h[i] / sqrt(mean(h^2) + eps) * weight[i], i < c.
 void rms_norm_row(const float* h, const float* weight, int64_t c, float eps, float* y, Isa isa);

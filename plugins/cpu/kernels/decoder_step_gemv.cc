@@ -1,6 +1,12 @@
 // The decode step's products y = x W^T for a few rows of x: float32 W here, quantized W through
 // quant::gemv (which takes at most kGemvRows rows of x at a time) or, with x_int8, through
-// quant::gemv_int8x; plus the offsets' share.
+// quant::gemv_int8x (plus the offsets' share); bfloat16 W through quant::gemv_amx_bf16
+// (kBf16Rows rows of x at a time).
+//
+// bfloat16 W is for serving many sequences at once: at 16 rows of x the float32 GEMV spends one
+// FMA per weight and row and runs out of arithmetic, while a tile product takes 16 rows of W
+// times 16 rows of x, straight from memory. Every batch size, one row included, takes the same
+// path, so that a sequence's logits do not depend on what else is decoding.
 //
 // Float32 W is streamed once: a tile of four rows of W meets up to four rows of x at a time, the
 // tile staying in L1 while further rows of x pass. Every (x row, W row) pair sums its products
@@ -80,23 +86,97 @@ ANYCHIP_AVX512 void gemv_f32_avx512(const Lin& w, const float* x, int64_t m, int
 
 }  // namespace
 
-const quant::XInt8* int8_input(const Model& model, const Lin& w, const float* x, int64_t m, quant::XInt8* buffer,
-                               Isa isa) {
-  if (!model.x_int8 || w.bits == 0) return nullptr;
-  quant::quantize_x(x, m, w.k, w.bits, buffer, isa);
-  return buffer;
+namespace {
+
+bool has_bf16_lins(const Model& model) {
+  if (model.head.bits == 16) return true;
+  for (const Layer& l : model.layer)
+    if (l.qkv.bits == 16 || l.o.bits == 16 || l.gate_up.bits == 16 || l.down.bits == 16) return true;
+  return false;
 }
 
-void gemv(const Lin& w, const float* x, const quant::XInt8* xq, int64_t m, int64_t n0, int64_t n1, float* y,
-          int64_t ldy, Isa isa) {
+// A bfloat16 W without AMX: x rounded to bf16, float32 sums in k order. For CPUs without tiles.
+void gemv_bf16_scalar(const Input& in, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  const Lin& w = *in.w;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint16_t* row = w.w16 + n * w.k;
+    for (int64_t i = 0; i < in.m; ++i) {
+      const float* xi = in.rounded + i * w.k;
+      float acc = 0.0f;
+      for (int64_t k = 0; k < w.k; ++k) acc += xi[k] * to_float(bf16{row[k]});
+      y[i * ldy + n] = acc;
+    }
+  }
+}
+
+// Tiles configured for `rows` rows of x on this thread.
+void configure_tiles(Input& in, int64_t rows) {
+  if (in.tile_rows == rows) return;
+  if (in.tile_rows != 0) quant::amx_thread_end();
+  quant::amx_thread_begin(rows);
+  in.tile_rows = rows;
+}
+
+}  // namespace
+
+Input::Input(const Model& model, int64_t m, int64_t max_k, Isa isa) : m(m), isa(isa), x_int8_(model.x_int8) {
+  if (x_int8_) int8_buffer_.reserve(m, max_k);
+  if (!has_bf16_lins(model)) return;
+  if (isa == Isa::kAmx) {
+    xt_buffer_.resize(static_cast<size_t>((m + kBf16Rows - 1) / kBf16Rows * quant::packed_xt_bytes(kBf16Rows, max_k)));
+    tail.resize(static_cast<size_t>(64 * max_k));
+  } else {
+    rounded_buffer_.resize(static_cast<size_t>(m * max_k));
+  }
+}
+
+Input::~Input() {
+  if (tile_rows != 0) quant::amx_thread_end();
+}
+
+void Input::set(const Lin& lin, const float* in) {
+  w = &lin;
+  x = in;
+  int8 = nullptr;
+  xt = nullptr;
+  rounded = nullptr;
+  const int64_t k = lin.k;
+  if (lin.bits == 16 && isa == Isa::kAmx) {
+    for (int64_t i = 0; i < m; i += kBf16Rows)
+      quant::pack_xt_f32(in + i * k, std::min(kBf16Rows, m - i), k,
+                         xt_buffer_.data() + i / kBf16Rows * quant::packed_xt_bytes(kBf16Rows, k));
+    xt = xt_buffer_.data();
+  } else if (lin.bits == 16) {
+    for (int64_t i = 0; i < m * k; ++i) rounded_buffer_[i] = to_float(from_float<bf16>(in[i]));
+    rounded = rounded_buffer_.data();
+  } else if (lin.bits != 0 && x_int8_) {
+    quant::quantize_x(in, m, k, lin.bits, &int8_buffer_, isa);
+    int8 = &int8_buffer_;
+  }
+}
+
+void gemv(Input& in, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   if (n0 >= n1) return;
-  if (xq != nullptr) {
-    quant::gemv_int8x(w.q, *xq, n0, n1, y, ldy, isa);
+  const Lin& w = *in.w;
+  const float* x = in.x;
+  const int64_t m = in.m;
+  if (in.xt != nullptr) {
+    for (int64_t i = 0; i < m; i += kBf16Rows) {
+      const int64_t rows = std::min(kBf16Rows, m - i);
+      configure_tiles(in, rows);
+      quant::gemv_amx_bf16(w.w16, w.n, w.k, in.xt + i / kBf16Rows * quant::packed_xt_bytes(kBf16Rows, w.k), rows,
+                           n0, n1, y + i * ldy, ldy, in.tail.data());
+    }
+    return;
+  }
+  if (in.rounded != nullptr) return gemv_bf16_scalar(in, n0, n1, y, ldy);
+  if (in.int8 != nullptr) {
+    quant::gemv_int8x(w.q, *in.int8, n0, n1, y, ldy, in.isa);
     quant::add_offsets(w.q, x, m, n0, n1, y, ldy);
     return;
   }
   if (w.bits == 0) {
-    if (isa == Isa::kScalar) {
+    if (in.isa == Isa::kScalar) {
       gemv_f32_scalar(w, x, m, n0, n1, y, ldy);
     } else {
       gemv_f32_avx512(w, x, m, n0, n1, y, ldy);
@@ -105,7 +185,7 @@ void gemv(const Lin& w, const float* x, const quant::XInt8* xq, int64_t m, int64
   }
   for (int64_t i = 0; i < m; i += quant::kGemvRows) {
     const int64_t rows = std::min(quant::kGemvRows, m - i);
-    quant::gemv(w.q, x + i * w.k, rows, n0, n1, y + i * ldy, ldy, isa);
+    quant::gemv(w.q, x + i * w.k, rows, n0, n1, y + i * ldy, ldy, in.isa);
     quant::add_offsets(w.q, x + i * w.k, rows, n0, n1, y + i * ldy, ldy);
   }
 }

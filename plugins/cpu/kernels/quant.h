@@ -137,15 +137,24 @@ void gemv_grad(const QWeight& w, const float* dy, int64_t m, int64_t k0, int64_t
                float* scratch, Isa isa);
 
 // AMX bf16 version of x W^T, W with its offsets, for bf16 x with at most 16 rows, K a multiple
-// of 128 and groups of whole 32 (4 bits) or 16 (8 bits) columns, as gemv_amx_fits checks:
-// x^T packed once by pack_xt, then gemv_amx on any number of row ranges, on threads between
-// amx_thread_begin(M) and amx_thread_end(), each with its own scratch of kAmxGemvScratch
-// elements.
+// of 64 and groups of whole 32 (4 bits) or 16 (8 bits) columns, as gemv_amx_fits checks:
+// x^T packed once by pack_xt (or pack_xt_f32 from float32 x, rounded to bf16 to nearest even),
+// then gemv_amx on any number of row ranges, on threads between amx_thread_begin(M) and
+// amx_thread_end(), each with its own scratch of kAmxGemvScratch elements. Each output sums
+// its products in the same order whatever M and the row range, so results do not depend on
+// how the caller cuts rows of x or of W.
 constexpr int64_t kAmxGemvScratch = 2 * 64 * 128;
 bool gemv_amx_fits(const QWeight& w, int64_t m);
 std::vector<uint8_t> pack_xt(const uint16_t* x, int64_t m, int64_t k);
+constexpr int64_t packed_xt_bytes(int64_t m, int64_t k) { return 2 * m * k; }
+void pack_xt_f32(const float* x, int64_t m, int64_t k, uint8_t* out);  // packed_xt_bytes(m, k)
 void gemv_amx(const QWeight& w, const uint8_t* xt, int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy,
               uint16_t* scratch);
+// The same for a bfloat16 W [N][K] (row-major, K a multiple of 32), its tiles loaded straight
+// from W: y[i][n] = sum_k bf16(x[i][k]) W[n][k] in float32, for n in [n0, n1). tail holds 64 K
+// elements, for the last rows of W zero-padded to a whole block.
+void gemv_amx_bf16(const uint16_t* w, int64_t n, int64_t k, const uint8_t* xt, int64_t m, int64_t n0, int64_t n1,
+                   float* y, int64_t ldy, uint16_t* tail);
 void amx_thread_begin(int64_t m);
 void amx_thread_end();
 

@@ -3,7 +3,8 @@
 // rows of x. So C^T = W x^T: x^T is packed once into VNNI tiles (B), and each block of 64 rows
 // of W is dequantized to bf16, a chunk of columns at a time, into an L1 scratch the A tiles are
 // loaded from. The weights are rounded to bf16 (q * scale, or fma(q, scale, offset), in float32,
-// then to nearest even).
+// then to nearest even). A bfloat16 W (gemv_amx_bf16) needs no dequantization: its A tiles load
+// straight from W's rows.
 #include <algorithm>
 #include <vector>
 
@@ -39,12 +40,13 @@ class ChunkDequant {
     }
   }
 
-  // Rows [r0, r1) of the columns [k0, k0 + kChunk) into out[r][k - k0] (row stride kChunk).
-  QUANT_AMX void rows(int64_t k0, int64_t r0, int64_t r1, uint16_t* out) {
+  // Rows [r0, r1) of the columns [k0, k0 + width) into out[r][k - k0] (row stride kChunk);
+  // width is kChunk, or 64 for the last chunk of a K that is an odd multiple of 64.
+  QUANT_AMX void rows(int64_t k0, int64_t width, int64_t r0, int64_t r1, uint16_t* out) {
     r1 = std::min(r1, rows_);
     if (k0 != k0_) {  // the group of each 16 columns, shared by all rows
       k0_ = k0;
-      for (int64_t j = 0; j < kChunk / 16; ++j) group_[j] = (k0 + 16 * j) / group_size_;
+      for (int64_t j = 0; j < width / 16; ++j) group_[j] = (k0 + 16 * j) / group_size_;
     }
     // Each row's next-but-one chunk, which the hardware prefetcher would not find among 64 rows.
     const int64_t bytes = bits_ == 4 ? kChunk / 2 : kChunk, src0 = k0 * bytes / kChunk;
@@ -56,7 +58,7 @@ class ChunkDequant {
         for (int64_t line = 0; line < bytes; line += 64)
           _mm_prefetch(reinterpret_cast<const char*>(src + 2 * bytes + line), _MM_HINT_T0);
       if (bits_ == 4) {
-        for (int64_t b = 0; b < kChunk / 64; ++b) {
+        for (int64_t b = 0; b < width / 64; ++b) {
           // The low nibbles hold columns 64b .. 64b + 31, the high ones the next 32: with groups
           // of 32 they have tables of their own.
           const int64_t low = group_[4 * b], high = group_[4 * b + 2];
@@ -73,7 +75,7 @@ class ChunkDequant {
           _mm512_storeu_si512(dst + 64 * b + 32, _mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 4), high_[r]));
         }
       } else {
-        for (int64_t j = 0; j < kChunk / 16; ++j) {
+        for (int64_t j = 0; j < width / 16; ++j) {
           const int64_t g = group_[j];
           const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16 * j)));
           const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(scales_[r][g]),
@@ -99,18 +101,30 @@ class ChunkDequant {
   int64_t low_group_[kRows], high_group_[kRows];  // the groups they are for
 };
 
-// One step of 32 columns: the four tiles of 16 rows times x^T (16 rows of ldx bytes).
-QUANT_AMX inline void tile_step(const uint16_t* a, const uint8_t* xt_tile, int64_t ldx) {
-  constexpr int64_t ld = kChunk * 2;
+// One step of 32 columns: the four tiles of 16 rows of A (row stride lda elements) times x^T (16
+// rows of ldx bytes), into accumulators 0 to 3.
+QUANT_AMX inline void tile_step(const uint16_t* a, int64_t lda, const uint8_t* xt_tile, int64_t ldx) {
+  const int64_t ld = 2 * lda;
   _tile_loadd(6, xt_tile, ldx);
   _tile_loadd(4, a, ld);
   _tile_dpbf16ps(0, 4, 6);
-  _tile_loadd(5, a + 16 * kChunk, ld);
+  _tile_loadd(5, a + 16 * lda, ld);
   _tile_dpbf16ps(1, 5, 6);
-  _tile_loadd(4, a + 32 * kChunk, ld);
+  _tile_loadd(4, a + 32 * lda, ld);
   _tile_dpbf16ps(2, 4, 6);
-  _tile_loadd(5, a + 48 * kChunk, ld);
+  _tile_loadd(5, a + 48 * lda, ld);
   _tile_dpbf16ps(3, 5, 6);
+}
+
+// The four accumulators (64 rows of W) into y[i * ldy + r] for r < rows, i < m.
+QUANT_AMX inline void store_accumulators(int64_t m, int64_t rows, float* y, int64_t ldy) {
+  alignas(64) float c[kRows * 16];
+  _tile_stored(0, c, 64);
+  _tile_stored(1, c + 16 * 16, 64);
+  _tile_stored(2, c + 32 * 16, 64);
+  _tile_stored(3, c + 48 * 16, 64);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < m; ++i) y[i * ldy + r] = c[r * 16 + i];
 }
 
 // Rows [n0, n1) (at most 64). The dequantization of the next chunk of columns is spread over
@@ -118,35 +132,41 @@ QUANT_AMX inline void tile_step(const uint16_t* a, const uint8_t* xt_tile, int64
 // buffers past n1 hold garbage, which reaches only rows of C that are dropped.
 QUANT_AMX void gemv_amx_block(const QWeight& w, const uint8_t* xt, int64_t m, int64_t n0, int64_t n1, float* y,
                               int64_t ldy, uint16_t* buffers) {
-  constexpr int64_t kSteps = kChunk / 32, kRowsPerStep = kRows / kSteps;
-  const int64_t chunks = w.k / kChunk, ldx = 4 * m;
-  alignas(64) float c[kRows * 16];
+  const int64_t chunks = (w.k + kChunk - 1) / kChunk, ldx = 4 * m;
+  auto width = [&](int64_t chunk) { return std::min(kChunk, w.k - chunk * kChunk); };
   ChunkDequant dequant(w, n0, n1 - n0);
-  dequant.rows(0, 0, kRows, buffers);
+  dequant.rows(0, width(0), 0, kRows, buffers);
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
-  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+  for (int64_t chunk = 0, step = 0; chunk < chunks; ++chunk) {
     QUANT_TILE_BARRIER();
     const uint16_t* a = buffers + (chunk & 1) * kRows * kChunk;
     uint16_t* next = buffers + ((chunk + 1) & 1) * kRows * kChunk;
-    for (int64_t s = 0; s < kSteps; ++s) {
-      const int64_t step = chunk * kSteps + s;
+    const int64_t steps = width(chunk) / 32, rows_per_step = (kRows + steps - 1) / steps;
+    for (int64_t s = 0; s < steps; ++s, ++step) {
       const uint8_t* xs = xt + step * 16 * ldx;
-      if (step + 1 < chunks * kSteps)  // x^T is in L2; its next tile into L1
+      if (step + 1 < w.k / 32)  // x^T is in L2; its next tile into L1
         for (int64_t line = 0; line < 16 * ldx; line += 64)
           _mm_prefetch(reinterpret_cast<const char*>(xs + 16 * ldx + line), _MM_HINT_T0);
-      tile_step(a + 32 * s, xs, ldx);
-      if (chunk + 1 < chunks) dequant.rows((chunk + 1) * kChunk, s * kRowsPerStep, (s + 1) * kRowsPerStep, next);
+      tile_step(a + 32 * s, kChunk, xs, ldx);
+      if (chunk + 1 < chunks)
+        dequant.rows((chunk + 1) * kChunk, width(chunk + 1), s * rows_per_step, (s + 1) * rows_per_step, next);
     }
   }
-  _tile_stored(0, c, 64);
-  _tile_stored(1, c + 16 * 16, 64);
-  _tile_stored(2, c + 32 * 16, 64);
-  _tile_stored(3, c + 48 * 16, 64);
-  for (int64_t r = 0; r < n1 - n0; ++r)
-    for (int64_t i = 0; i < m; ++i) y[i * ldy + n0 + r] = c[r * 16 + i];
+  store_accumulators(m, n1 - n0, y + n0, ldy);
+}
+
+// Rows [0, rows) of a block of 64 rows of a bfloat16 W (row stride k), all of which exist.
+QUANT_AMX void gemv_amx_bf16_block(const uint16_t* w, int64_t k, const uint8_t* xt, int64_t m, int64_t rows,
+                                   float* y, int64_t ldy) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t s = 0; s < k / 32; ++s) tile_step(w + 32 * s, k, xt + s * 16 * 4 * m, 4 * m);
+  store_accumulators(m, rows, y, ldy);
 }
 
 // Accumulators and x^T as 16 rows of M dwords, W as 16 rows of 32 bf16.
@@ -158,7 +178,7 @@ QUANT_AMX void tiles_end() { _tile_release(); }
 }  // namespace
 
 bool gemv_amx_fits(const QWeight& w, int64_t m) {
-  return m <= 16 && w.k % kChunk == 0 && w.group % (w.bits == 4 ? 32 : 16) == 0;
+  return m <= 16 && w.k % 64 == 0 && w.group % (w.bits == 4 ? 32 : 16) == 0;
 }
 
 std::vector<uint8_t> pack_xt(const uint16_t* x, int64_t m, int64_t k) {
@@ -174,9 +194,37 @@ std::vector<uint8_t> pack_xt(const uint16_t* x, int64_t m, int64_t k) {
   return tiles;
 }
 
+// Row r of step s's tile holds, for each row i of x, the dword (x[i][32 s + 2 r], x[i][32 s + 2 r + 1]).
+void pack_xt_f32(const float* x, int64_t m, int64_t k, uint8_t* out) {
+  auto* dwords = reinterpret_cast<uint32_t*>(out);
+  for (int64_t s = 0; s < k / 32; ++s)
+    for (int64_t r = 0; r < 16; ++r)
+      for (int64_t i = 0; i < m; ++i) {
+        const float* pair = x + i * k + 32 * s + 2 * r;
+        const uint32_t lo = from_float<bf16>(pair[0]).bits, hi = from_float<bf16>(pair[1]).bits;
+        dwords[(s * 16 + r) * m + i] = lo | hi << 16;
+      }
+}
+
 void gemv_amx(const QWeight& w, const uint8_t* xt, int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy,
               uint16_t* scratch) {
   for (int64_t n = n0; n < n1; n += kRows) gemv_amx_block(w, xt, m, n, std::min(n1, n + kRows), y, ldy, scratch);
+}
+
+void gemv_amx_bf16(const uint16_t* w, int64_t n, int64_t k, const uint8_t* xt, int64_t m, int64_t n0, int64_t n1,
+                   float* y, int64_t ldy, uint16_t* tail) {
+  for (int64_t b = n0; b < n1; b += kRows) {
+    const int64_t rows = std::min(n1, b + kRows) - b;
+    if (b + kRows <= n) {
+      gemv_amx_bf16_block(w + b * k, k, xt, m, rows, y + b, ldy);
+    } else {  // tiles would read past W's last row
+      const int64_t have = n - b;
+      std::copy(w + b * k, w + n * k, tail);
+      std::fill(tail + have * k, tail + kRows * k, uint16_t{0});
+      QUANT_TILE_BARRIER();
+      gemv_amx_bf16_block(tail, k, xt, m, rows, y + b, ldy);
+    }
+  }
 }
 
 void amx_thread_begin(int64_t m) { tiles_begin(m); }
