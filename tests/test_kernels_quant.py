@@ -235,6 +235,27 @@ def isa_cases(seed: int = 0) -> None:
                     check_grad(rng, m, 384 if m < 17 else 256, 23, dtype, bits, group_size, with_offsets)
         for m in (1, 7, 40):
             check_w8a8(rng, m, 200, 29, dtype, with_bias=m != 7)
+    for bits, group_size, with_offsets in ((4, 32, True), (8, 64, False)):
+        for m in (1, 5, 40):
+            check_bf16_products(rng, m, 576, 37, bits, group_size, with_offsets)
+    bf16_products_invariance_case()
+
+
+def check_bf16_products(rng, m, k, n, bits, group_size, with_offsets):
+    """bf16_products (attr 4) on float32 x gives the sums of the same call on x rounded to bf16,
+    bit for bit: the bf16 call's y is the float32 y rounded."""
+    _, _, packed, scales = quantized_weight(rng, k, n, "float32", bits, group_size)
+    offsets = random_offsets(rng, scales) if with_offsets else None
+    weights, attrs = weight_args(packed, scales, offsets, bits, group_size)
+    attrs = attrs + [0] * (3 - len(attrs))
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    bias = from_bf16_bits(to_bf16_bits(rng.standard_normal(n)))  # the same bias in both calls
+    y = empty((m, n), "float32")
+    kernel("weight_only_linear").run_host([x] + weights + [bias], [y], attrs + [0, 1])
+    y_bf16 = empty((m, n), "bfloat16")
+    kernel("weight_only_linear").run_host([to_bf16_bits(x)] + weights + [to_bf16_bits(bias)], [y_bf16], attrs,
+                                          dtypes=["bfloat16"] + [None] * len(weights) + ["bfloat16", "bfloat16"])
+    np.testing.assert_array_equal(to_bf16_bits(y), y_bf16, err_msg=f"bf16_products m={m} bits={bits}")
 
 
 # ---- tests --------------------------------------------------------------------------------------
@@ -388,6 +409,43 @@ def test_isa_path(isa):
     env = dict(os.environ, ANYCHIP_CPU_ISA=isa)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_bf16_products_rows_do_not_depend_on_m():
+    bf16_products_invariance_case()
+
+
+def bf16_products_invariance_case() -> None:
+    """A row's bf16_products result is the same bit for bit whatever the number of rows (with AMX
+    the tile GEMV up to 16 rows, the tile GEMM beyond; without, the blocked product for all):
+    serving prefills a prompt alone or in a batch."""
+    rng = np.random.default_rng(4)
+    _, _, packed, scales = quantized_weight(rng, 576, 70, "float32", 4, 32)
+    offsets = random_offsets(rng, scales)
+    x = rng.standard_normal((40, 576)).astype(np.float32)
+
+    def run(rows):
+        y = empty((len(rows), 70), "float32")
+        kernel("weight_only_linear").run_host([x[rows], packed, scales, offsets], [y], [4, 32, 1, 0, 1])
+        return y
+
+    full = run(list(range(40)))
+    for rows in ([0], [0, 1], [3, 4, 5], list(range(17))):
+        np.testing.assert_array_equal(run(rows), full[rows])
+
+
+def test_bf16_products_rejects_what_it_cannot_do():
+    rng = np.random.default_rng(5)
+    _, _, packed, scales = quantized_weight(rng, 128, 8, "float32", 8, 32)
+    x = rng.standard_normal((2, 128)).astype(np.float32)
+    y = empty((2, 8), "float32")
+    with pytest.raises(RuntimeError, match="x_int8 and bf16_products exclude each other"):
+        kernel("weight_only_linear").run_host([x, packed, scales], [y], [8, 32, 0, 1, 1])
+    with pytest.raises(RuntimeError, match="bf16_products takes float32 x"):
+        kernel("weight_only_linear").run_host([to_bf16_bits(x), packed, scales], [empty((2, 8), "bfloat16")],
+                                              [8, 32, 0, 0, 1], dtypes=["bfloat16", None, None, "bfloat16"])
+    with pytest.raises(RuntimeError, match="bf16_products must be 0 or 1"):
+        kernel("weight_only_linear").run_host([x, packed, scales], [y], [8, 32, 0, 0, 2])
 
 
 # ---- x_int8: x quantized per run of 32, integer products ----------------------------------------

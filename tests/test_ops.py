@@ -441,6 +441,33 @@ def test_weight_only_linear_x_int8_is_inference_only(device):
         ops.weight_only_linear(x, qweight, scales, bits=8, group_size=16, x_int8=True)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_weight_only_linear_bf16_compute(device):
+    """compute_dtype 'bfloat16' on float32 x: the sums of the bfloat16 call on x rounded, before
+    that call rounds y (the bf16 call's y is this y rounded, bit for bit); inference only."""
+    from anychip.ops import OpArgumentError
+
+    rng = np.random.default_rng(7)
+    qweight, scales = (tensor(a, device) for a in quantize_numpy(rng.standard_normal((576, 40)) * 0.1, 4, 32))
+    offsets = tensor(rng.uniform(-0.1, 0.05, (40, 18)), device, "float32")
+    x = tensor(rng.standard_normal((5, 576)), device, "float32")
+    bias = tensor(rng.standard_normal(40), device, "bfloat16").astype("float32")
+    args = dict(bits=4, group_size=32, offsets=offsets)
+    y = ops.weight_only_linear(x, qweight, scales, bias, compute_dtype="bfloat16", **args)
+    assert str(y.dtype).endswith("float32") and y.stop_gradient
+    y_bf16 = ops.weight_only_linear(x.astype("bfloat16"), qweight, scales, bias.astype("bfloat16"), **args)
+    np.testing.assert_array_equal(host(y.astype("bfloat16")), host(y_bf16))
+    exact = host(ops.weight_only_linear(x, qweight, scales, bias, **args))
+    np.testing.assert_allclose(host(y), exact, rtol=0, atol=1e-2 * np.abs(exact).max())
+    with pytest.raises(OpArgumentError, match="compute_dtype must be None or 'bfloat16'"):
+        ops.weight_only_linear(x, qweight, scales, compute_dtype="float16", **args)
+    with pytest.raises(OpArgumentError, match="x_int8 and compute_dtype 'bfloat16' exclude each other"):
+        ops.weight_only_linear(x, qweight, scales, x_int8=True, compute_dtype="bfloat16", **args)
+    x.stop_gradient = False
+    with pytest.raises(OpArgumentError, match="compute_dtype 'bfloat16' is inference-only"):
+        ops.weight_only_linear(x, qweight, scales, compute_dtype="bfloat16", **args)
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("x_int8", [False, True])
 def test_weight_only_linear_rows_do_not_depend_on_the_batch(bits, x_int8):

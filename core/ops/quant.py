@@ -153,20 +153,22 @@ def quantize_x_int8(x):
 
 class _WeightOnly(OpImpl):
     """Its tensors: x, qweight, scales, then offsets and bias where the call has them. With
-    ``x_int8`` forward only."""
+    ``x_int8`` or ``bf16_products`` forward only."""
 
     name = "weight_only_linear"
 
-    def __init__(self, bits, group_size, device, has_bias, has_offsets=False, x_int8=False):
+    def __init__(self, bits, group_size, device, has_bias, has_offsets=False, x_int8=False, bf16_products=False):
         self.bits, self.group_size, self.device = bits, group_size, device
         self.has_bias, self.has_offsets, self.x_int8 = has_bias, has_offsets, x_int8
+        self.bf16_products = bf16_products
 
     def _split(self, rest):
         """(offsets, bias) from the tensors after scales."""
         return rest[0] if self.has_offsets else None, rest[-1] if self.has_bias else None
 
     def _attrs(self):
-        return [self.bits, self.group_size, int(self.has_offsets)] + ([1] if self.x_int8 else [])
+        tail = [0, 1] if self.bf16_products else [1] if self.x_int8 else []
+        return [self.bits, self.group_size, int(self.has_offsets)] + tail
 
     def forward(self, kernel, x, qweight, scales, *rest):
         y = empty(list(x.shape[:-1]) + [qweight.shape[0]], dtype_name(x), self.device)
@@ -195,6 +197,8 @@ class _WeightOnly(OpImpl):
         if self.x_int8:
             return self._reference_x_int8(x, qweight, scales, offsets, bias)
         w = dequantize(qweight, scales, self.bits, self.group_size, k, offsets)
+        if self.bf16_products:  # as on bfloat16 hardware: x and W's values rounded
+            x, w = (t.astype("bfloat16").astype("float32") for t in (x, w))
         y = pd.matmul(x.astype("float32"), w, transpose_y=True)
         if bias is not None:
             y = y + bias.astype("float32")
@@ -220,7 +224,7 @@ class _WeightOnly(OpImpl):
 
 
 def weight_only_linear(x, qweight, scales, bias=None, bits: int = 8, group_size: int = -1, offsets=None,
-                       x_int8: bool = False):
+                       x_int8: bool = False, compute_dtype: str | None = None):
     """``x @ W^T + bias`` with W stored quantized (from :func:`weight_quantize`, or converted from
     another format), dequantized on the fly: W = q * scales, plus ``offsets`` (float32 [N, G],
     one per group like scales) for asymmetric groups. x [..., K] float -> [..., N].
@@ -229,17 +233,30 @@ def weight_only_linear(x, qweight, scales, bias=None, bits: int = 8, group_size:
     ``x_int8``: an approximation for inference (as llama.cpp's quantized dot products): x is
     quantized to int8 per run of 32 along K (its own scale absmax / 127 each) and multiplied with
     the codes in integers; ~1e-3 relative error. K and group_size must be multiples of 32. Forward
-    only: x and bias must not require gradients while gradients are recorded."""
+    only: x and bias must not require gradients while gradients are recorded.
+
+    ``compute_dtype`` "bfloat16": float32 x is rounded to bfloat16 for the products (AMX tiles
+    where the CPU has them), y stays float32: the bfloat16 product without converting x and y
+    on the way in and out (prefill of a bfloat16 model). Forward only, as x_int8."""
     op = "weight_only_linear"
     x, qweight, scales, offsets, bias, device = _check_packed(op, x, qweight, scales, bias, bits, group_size, offsets)
+    if compute_dtype not in (None, "bfloat16"):
+        raise checks.OpArgumentError(f"{op}: compute_dtype must be None or 'bfloat16', got {compute_dtype!r}")
+    bf16 = compute_dtype == "bfloat16" and dtype_name(x) != "bfloat16"
+    if bf16 and dtype_name(x) != "float32":
+        raise checks.OpArgumentError(f"{op}: compute_dtype 'bfloat16' takes float32 x, got {dtype_name(x)}")
+    if bf16 and x_int8:
+        raise checks.OpArgumentError(f"{op}: x_int8 and compute_dtype 'bfloat16' exclude each other")
     tensors = tuple(t for t in (x, qweight, scales, offsets, bias) if t is not None)
-    impl = _WeightOnly(bits, group_size, device, bias is not None, offsets is not None, bool(x_int8))
-    if not x_int8:
+    impl = _WeightOnly(bits, group_size, device, bias is not None, offsets is not None, bool(x_int8), bf16)
+    if not (x_int8 or bf16):
         return run(impl, device, dtype_name(x), *tensors)
-    _check_x_int8(op, x.shape[-1], group_size)
+    if x_int8:
+        _check_x_int8(op, x.shape[-1], group_size)
+    mode = "x_int8" if x_int8 else "compute_dtype 'bfloat16'"
     if paddle().is_grad_enabled() and any(not t.stop_gradient for t in (x, bias) if t is not None):
         raise checks.OpArgumentError(
-            f"{op}: x_int8 is inference-only (no gradients through the int8 rounding); use x_int8=False to train, "
+            f"{op}: {mode} is inference-only (no gradients through its rounding); leave it off to train, "
             "or run under paddle.no_grad() / with stop_gradient inputs")
     y = run(impl, device, dtype_name(x), *tensors, differentiable=False)
     y.stop_gradient = True

@@ -2,7 +2,9 @@
 // from weight_quantize's 4- or 8-bit layout, with per-group offsets when the call has them.
 //
 // Decode sizes (M <= kGemvRows) stream W once, dequantizing in registers (quant_gemv.cc); with
-// AMX, bf16 x of 3 to 16 rows goes through tiles instead (quant_gemv_amx.cc). Larger M
+// AMX, bf16 x of up to 16 rows goes through tiles instead (quant_gemv_amx.cc), one row too:
+// the tile GEMV and GEMM give each row the same result, so bf16 rows do not depend on how many
+// there are (serving prefills a prompt alone or in a batch and must get the same logits). Larger M
 // dequantizes blocks of W into a scratch and runs a blocked product (quant_gemm.cc): AMX bf16
 // when x is bf16 and the CPU has AMX, AVX-512 FMA in float32 otherwise.
 //
@@ -31,6 +33,25 @@ int offsets_attr(const AnychipKernelCall* call) {
 int x_int8_attr(const AnychipKernelCall* call) {
   const double v = attr(call, 3, 0.0);
   return v == 0.0 ? 0 : v == 1.0 ? 1 : -1;
+}
+
+// Whether float32 x multiplies in bf16 (attr 4, absent: no), or -1 if neither 0 nor 1.
+int bf16_products_attr(const AnychipKernelCall* call) {
+  const double v = attr(call, 4, 0.0);
+  return v == 0.0 ? 0 : v == 1.0 ? 1 : -1;
+}
+
+// x [m][k] float32 rounded to bf16 (to nearest even), as a tensor over `storage`.
+AnychipTensor rounded_bf16(const AnychipTensor& x, int64_t m, int64_t k, std::vector<uint16_t>& storage, Isa isa,
+                           int threads) {
+  storage.resize(static_cast<size_t>(m * k));
+  const auto* src = static_cast<const float*>(x.data);
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t r = 0; r < m; ++r) from_f32(src + r * k, k, ANYCHIP_DTYPE_BFLOAT16, storage.data() + r * k, isa);
+  AnychipTensor t = x;
+  t.data = storage.data();
+  t.dtype = ANYCHIP_DTYPE_BFLOAT16;
+  return t;
 }
 
 // The quantized weight of a call (inputs `qi`, `qi + 1` and, with offsets, `qi + 2`; attrs bits,
@@ -98,9 +119,6 @@ std::vector<uint16_t> padded_bf16(const AnychipTensor& t, int64_t rows, int64_t 
 // Blocks of rows of W (a multiple of the tiles' 4 rows) handed out as threads come free, so a
 // thread that the OS delays does not hold up the others.
 constexpr int64_t kGemvBlock = 64;
-
-// From this many rows of bf16 x, AMX beats the float32 GEMV (which streams W alone at M <= 2).
-constexpr int64_t kAmxGemvMinRows = 3;
 
 // y = x W^T (+ bias) over blocks of rows of W, `product(n0, n1, acc)` writing the symmetric part
 // of rows [n0, n1) into acc [M][N]; the offsets' share and the store are the same for every product.
@@ -293,6 +311,10 @@ ANYCHIP_CPU_KERNEL(weight_only_linear) {
   if (has_offsets < 0) return fail(call, ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: has_offsets must be 0 or 1", what);
   const int x_int8 = x_int8_attr(call);
   if (x_int8 < 0) return fail(call, ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: x_int8 must be 0 or 1", what);
+  const int bf16_products = bf16_products_attr(call);
+  if (bf16_products < 0) return fail(call, ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: bf16_products must be 0 or 1", what);
+  if (bf16_products == 1 && x_int8 == 1)
+    return fail(call, ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: x_int8 and bf16_products exclude each other", what);
   const int bias_at = 3 + has_offsets;
   if (call->num_inputs < bias_at || call->num_outputs < 1)
     return fail(call, ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: expects x, qweight, scales, offsets?, bias? -> y", what);
@@ -303,6 +325,8 @@ ANYCHIP_CPU_KERNEL(weight_only_linear) {
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: x, bias and y must share a float dtype", what);
   if (!is_contiguous(x) || !is_contiguous(y) || (bias != nullptr && !is_contiguous(*bias)))
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: tensors must be contiguous", what);
+  if (bf16_products == 1 && x.dtype != ANYCHIP_DTYPE_FLOAT32)
+    return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: bf16_products takes float32 x", what);
   QWeight w;
   if (AnychipStatus st = read_weight(call, 1, last_dim(x), &w, what); st != ANYCHIP_OK) return st;
   if (x_int8 == 1 && (w.k % XInt8::kRun != 0 || w.group % XInt8::kRun != 0))
@@ -324,19 +348,23 @@ ANYCHIP_CPU_KERNEL(weight_only_linear) {
     forward_gemv_int8x(w, as_f32(x, m * w.k, buffer, isa, nt), m, y, b, isa, nt);
     return ANYCHIP_OK;
   }
-  if (isa == Isa::kAmx && x.dtype == ANYCHIP_DTYPE_BFLOAT16) {
-    if (m >= kAmxGemvMinRows && gemv_amx_fits(w, m)) {
-      forward_gemv_amx(w, x, m, y, b, isa, nt);
+  std::vector<uint16_t> x_bf16;  // bf16_products: x rounded, the products as for bf16 x, y float32
+  const AnychipTensor& xp = bf16_products == 1 ? rounded_bf16(x, m, w.k, x_bf16, isa, nt) : x;
+  if (isa == Isa::kAmx && xp.dtype == ANYCHIP_DTYPE_BFLOAT16) {
+    if (gemv_amx_fits(w, m)) {
+      forward_gemv_amx(w, xp, m, y, b, isa, nt);
       return ANYCHIP_OK;
     }
     if (m > kGemvRows) {
-      forward_amx(w, x, m, y, b, isa, nt);
+      forward_amx(w, xp, m, y, b, isa, nt);
       return ANYCHIP_OK;
     }
   }
   std::vector<float> buffer;
-  const float* xf = as_f32(x, m * w.k, buffer, isa, nt);
-  if (isa == Isa::kScalar || m <= kGemvRows) {
+  const float* xf = as_f32(xp, m * w.k, buffer, isa, nt);
+  // Without AMX, bf16_products rows all take the blocked product, so that they too do not
+  // depend on M.
+  if (isa == Isa::kScalar || (m <= kGemvRows && bf16_products == 0)) {
     forward_gemv(w, xf, m, y, b, isa, nt);
   } else {
     forward_f32(w, xf, m, y, b, isa, nt);
