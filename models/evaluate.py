@@ -5,8 +5,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from .llama import LlamaForCausalLM, paddle
+from .llama import KVCache, LlamaForCausalLM, paddle
 from anychip.ops.dispatch import place
+
+
+def _nll(logits: np.ndarray, targets: np.ndarray) -> float:
+    """Summed negative log-likelihood of targets [T] under logits [T, V]."""
+    logits = logits.astype(np.float64)
+    top = logits.max(-1, keepdims=True)
+    logz = np.log(np.exp(logits - top).sum(-1)) + top[:, 0]
+    return float((logz - logits[np.arange(len(targets)), targets]).sum())
 
 
 def perplexity(model: LlamaForCausalLM, ids: list[int], window: int = 512) -> float:
@@ -24,9 +32,33 @@ def perplexity(model: LlamaForCausalLM, ids: list[int], window: int = 512) -> fl
             inputs, targets = chunk[:-1], chunk[1:]
             logits = model(paddle.to_tensor(inputs[None], place=dev),
                            paddle.to_tensor(np.arange(len(inputs), dtype=np.int64)[None], place=dev)).numpy()[0]
-            logits = logits.astype(np.float64)
-            top = logits.max(-1, keepdims=True)
-            logz = np.log(np.exp(logits - top).sum(-1)) + top[:, 0]
-            nll += float((logz - logits[np.arange(len(targets)), targets]).sum())
+            nll += _nll(logits, targets)
             count += len(targets)
+    return float(np.exp(nll / count))
+
+
+def decode_perplexity(model: LlamaForCausalLM, ids: list[int], window: int = 512, progress=None) -> float:
+    """Perplexity as generation computes it: each window's first token prefilled, then every
+    next token's logits from one decode step through the KV cache (the fused decoder_step where
+    the device has it), fed the text's own tokens. ``progress(n)`` is told of each n tokens."""
+    if len(ids) < 2:
+        raise ValueError(f"perplexity needs at least 2 tokens, got {len(ids)}")
+    dev = place(model.device)
+    nll, count = 0.0, 0
+    with paddle.no_grad():
+        for start in range(0, len(ids) - 1, window):
+            chunk = np.asarray(ids[start:start + window + 1], dtype=np.int64)
+            if len(chunk) < 2:
+                break
+            cache = KVCache(model.config, 1, len(chunk), model.device)
+            logits = [model(paddle.to_tensor(chunk[None, :1], place=dev), paddle.to_tensor([[0]], place=dev),
+                            cache).numpy()[0, -1]]
+            for pos in range(1, len(chunk) - 1):
+                step = model.decode(paddle.to_tensor(chunk[pos:pos + 1], place=dev),
+                                    paddle.to_tensor(np.array([pos], np.int64), place=dev), cache)
+                logits.append(step.numpy()[0])
+            nll += _nll(np.stack(logits), chunk[1:])
+            count += len(chunk) - 1
+            if progress is not None:
+                progress(len(chunk) - 1)
     return float(np.exp(nll / count))

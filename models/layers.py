@@ -91,7 +91,11 @@ class Linear:
             return ops.w8a8_linear(x, self.weight, self.scales, self.bias)
         if self.bits == 0:
             return matmul(x, self.weight, self.bias, self.compute_dtype)
-        if self.compute_dtype != "float32":
+        if self.compute_dtype != "float32" and (x.stop_gradient or not paddle.is_grad_enabled()):
+            return ops.weight_only_linear(x, self.weight, self.scales, self.bias, bits=self.bits,
+                                          group_size=self.group_size, offsets=self.offsets,
+                                          compute_dtype=self.compute_dtype)
+        if self.compute_dtype != "float32":  # training: gradients through the bfloat16 product
             bias = None if self.bias is None else self.bias.astype(self.compute_dtype)
             return ops.weight_only_linear(x.astype(self.compute_dtype), self.weight, self.scales, bias, bits=self.bits,
                                           group_size=self.group_size, offsets=self.offsets).astype("float32")

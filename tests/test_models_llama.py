@@ -237,3 +237,46 @@ def test_int8_activation_decode_stays_close_and_device_independent(weights):
         return gen.generate([[5, 9, 2]], SamplingParams(max_new_tokens=8, ignore_eos=True))[0][0].tokens
 
     assert tokens("npu") == tokens("cpu")
+
+
+@pytest.mark.parametrize("weights", ["int4", "float"])
+def test_bf16_stays_close_and_is_batch_invariant(weights):
+    """bf16: the fused step's linears as bfloat16 copies approximate the exact logits, and a
+    sequence's logits are the same bit for bit alone or decoding among others (what serving's
+    equal answers rest on)."""
+    from anychip_models.llama import KVCache, LlamaForCausalLM
+
+    ckpt = tiny_checkpoint(weights)
+    paddle()
+    model = LlamaForCausalLM(ckpt, ("cpu", 0), bf16=True)
+    seqs = [[3, 14, 15, 92], [6, 5, 35, 8], [9, 7, 9, 3]]
+    cache = KVCache(ckpt.config, 3, 8, ("cpu", 0))
+    model(ids_tensor([s[:3] for s in seqs]), ids_tensor([[0, 1, 2]] * 3), cache)
+    together = host(model.decode(ids_tensor([s[3] for s in seqs]), ids_tensor([3, 3, 3]), cache, cache_rows=[0, 1, 2]))
+    for b, seq in enumerate(seqs):
+        alone = host(model.decode(ids_tensor([seq[3]]), ids_tensor([3]), cache, cache_rows=[b]))[0]
+        np.testing.assert_array_equal(alone, together[b])
+        want = oracle_logits(ckpt, seq)[-1]
+        err = np.abs(alone - want).max() / np.abs(want).max()
+        assert 0 < err < 3e-2, err
+    with pytest.raises(ValueError, match="bf16 and x_int8 exclude each other"):
+        LlamaForCausalLM(ckpt, ("cpu", 0), x_int8=True, bf16=True)
+
+
+def test_decode_perplexity_scores_as_the_forward_does():
+    """Perplexity through the decode step (one token at a time through the cache, as generation
+    sees it) equals the one-pass forward's for an exact model, in two windows; bf16 moves it a
+    little."""
+    from anychip_models.evaluate import decode_perplexity, perplexity
+    from anychip_models.llama import LlamaForCausalLM
+
+    ckpt = tiny_checkpoint("int4")
+    paddle()
+    ids = list(np.random.default_rng(3).integers(0, 95, size=21))
+    exact = LlamaForCausalLM(ckpt, ("cpu", 0))
+    want = perplexity(exact, ids, window=12)
+    assert decode_perplexity(exact, ids, window=12) == pytest.approx(want, rel=1e-4)
+    bf16 = decode_perplexity(LlamaForCausalLM(ckpt, ("cpu", 0), bf16=True), ids, window=12)
+    assert bf16 != want and bf16 == pytest.approx(want, rel=2e-2)
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        decode_perplexity(exact, ids[:1])

@@ -127,6 +127,19 @@ def test_sixteen_concurrent_streams_each_get_their_text_alone(server, client):
     assert metric(server, "anychip_decode_steps_total") - steps_before < tokens / 2
 
 
+def test_bf16_serving_answers_concurrent_streams_as_alone(model_dir):
+    """--bf16 (bfloat16 prefill and decode): concurrent streams still each get their text alone,
+    prompts prefilled alone or together alike; /v1/models says how it multiplies."""
+    with Server(model_dir, "cpu", "--max-batch", "8", "--bf16") as s:
+        client = OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
+        cases = [(QUESTIONS[i], 6 + 5 * i) for i in range(8)]
+        alone = [stream_text(client, q, n)[0] for q, n in cases]
+        with ThreadPoolExecutor(8) as pool:
+            together = list(pool.map(lambda case: stream_text(client, *case)[0], cases))
+        assert together == alone and len(set(alone)) > 1
+        assert s.get("/v1/models")["data"][0]["weights"].endswith(", bf16")
+
+
 def metric(server, name: str, labels: str = "") -> float:
     for line in server.text("/metrics").splitlines():
         if line.startswith(name + labels + " "):

@@ -4,6 +4,7 @@ schemes on the same text."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -28,6 +29,11 @@ def add_parser(sub, common):
                      help="a UTF-8 text file, or a .jsonl file with a \"text\" field per line "
                           f"(default: {SAMPLE_TEXT.relative_to(SAMPLE_TEXT.parents[2])}, an English text written for this)")
     ppl.add_argument("--window", type=int, default=512, metavar="N", help="tokens per scored window (default 512)")
+    ppl.add_argument("--through", choices=("prefill", "decode"), default="prefill",
+                     help="prefill: score each window in one forward pass (default); decode: one token at a time "
+                          "through the KV cache and the decode step, as generation computes it (slower)")
+    ppl.add_argument("--bf16", action="store_true",
+                     help="multiply in bfloat16, as `anychip serve --bf16` does (see `anychip generate --help`)")
     ppl.add_argument("--json", action="store_true", help="print one JSON object instead of a sentence")
 
 
@@ -56,7 +62,7 @@ def run(args) -> int:
     from anychip.devices import describe
 
     from ..checkpoint import load_checkpoint
-    from ..evaluate import perplexity
+    from ..evaluate import decode_perplexity, perplexity
     from ..hub import resolve
     from ..llama import LlamaForCausalLM
 
@@ -67,16 +73,23 @@ def run(args) -> int:
     simulated = describe(device.split(":")[0]).status == "simulated"
     checkpoint = load_checkpoint(resolve(args.model), weights=args.weights)
     ids = checkpoint.tokenizer.encode(text, add_bos=checkpoint.tokenizer.add_bos)
-    model = LlamaForCausalLM(checkpoint, device)
+    model = LlamaForCausalLM(checkpoint, device, bf16=args.bf16)
     started = time.perf_counter()
-    value = perplexity(model, ids, window=args.window)
+    if args.through == "decode":
+        from tqdm import tqdm
+
+        with tqdm(total=len(ids) - 1, desc="decode", unit="tok", file=sys.stderr) as bar:
+            value = decode_perplexity(model, ids, window=args.window, progress=bar.update)
+    else:
+        value = perplexity(model, ids, window=args.window)
     seconds = time.perf_counter() - started
     label = f"{device} (simulated)" if simulated else device
     if args.json:
-        print(json.dumps({"model": args.model, "weights": args.weights, "data": args.data, "device": device,
-                          "simulated": simulated, "tokens": len(ids), "window": args.window, "perplexity": value,
-                          "seconds": seconds}))
+        print(json.dumps({"model": args.model, "weights": args.weights, "bf16": args.bf16, "through": args.through,
+                          "data": args.data, "device": device, "simulated": simulated, "tokens": len(ids),
+                          "window": args.window, "perplexity": value, "seconds": seconds}))
     else:
+        mode = (", bf16" if args.bf16 else "") + (", through decode" if args.through == "decode" else "")
         print(f"{args.model}: perplexity {value:.3f} on {len(ids)} tokens of {args.data} "
-              f"(windows of {args.window}, {label}, {seconds:.1f} s)")
+              f"(windows of {args.window}{mode}, {label}, {seconds:.1f} s)")
     return 0
