@@ -240,8 +240,12 @@ def add_ratios(rows: list[dict]) -> list[dict]:
     return rows
 
 
-def verdict(rows: list[dict], clients: int = TARGET_CLIENTS, ratio: float = TARGET_RATIO) -> dict:
-    """PASS / MISS (or n/a when not measured) of "output tok/s at ``clients`` >= ``ratio`` x sequential"."""
+def verdict(rows: list[dict], clients: int = TARGET_CLIENTS, ratio: float = TARGET_RATIO,
+            baseline: dict | None = None) -> dict:
+    """PASS / MISS (or n/a when not measured) of "output tok/s at ``clients`` >= ``ratio`` x
+    sequential". With ``baseline`` (``sequential_baseline``: another run's single-request rate,
+    e.g. the server's default configuration), the faster of the two sequential rates is the one
+    to beat, so a configuration that is slow one at a time cannot pass by it."""
     target = f"{clients} clients: output tok/s >= {ratio:g}x sequential (1 client)"
     row = next((r for r in rows if r["clients"] == clients), None)
     base = next((r for r in rows if r["clients"] == 1), None)
@@ -249,11 +253,26 @@ def verdict(rows: list[dict], clients: int = TARGET_CLIENTS, ratio: float = TARG
         missing = "1 client" if base is None else f"{clients} clients"
         return {"target": target, "result": "n/a", "ratio": None,
                 "line": f"target {target}: n/a ({missing} not measured)"}
-    got = row["output_tok_s"] / base["output_tok_s"]
+    reference, which = base["output_tok_s"], "this run's"
+    if baseline is not None and baseline["output_tok_s"] > reference:
+        reference, which = baseline["output_tok_s"], f"{baseline['label']}'s"
+    got = row["output_tok_s"] / reference
     result = "PASS" if got >= ratio else "MISS"
     return {"target": target, "result": result, "ratio": got,
-            "line": f"target {target}: {result} ({got:.2f}x: {row['output_tok_s']:.1f} vs "
-                    f"{base['output_tok_s']:.1f} tok/s)"}
+            "line": f"target {target}: {result} ({got:.2f}x: {row['output_tok_s']:.1f} vs {reference:.1f} tok/s, "
+                    f"{which} sequential rate)"}
+
+
+def sequential_baseline(path: Path) -> dict:
+    """The single-request rate of an earlier run's results.json, labelled by its server arguments."""
+    try:
+        results = json.loads(path.read_text())
+        row = next(r for r in results["rows"] if r["clients"] == 1)
+        extra = results.get("server", {}).get("extra_args", [])
+        return {"file": str(path), "output_tok_s": float(row["output_tok_s"]), "date": results.get("date"),
+                "label": "the default server" if not extra else "the server with " + " ".join(extra)}
+    except (OSError, ValueError, KeyError, StopIteration) as e:
+        raise ValueError(f"--baseline {path}: not a bench_serve results.json with a 1-client row ({e})") from None
 
 
 def device_label(device: str, simulated: bool) -> str:
@@ -268,7 +287,9 @@ def render_table(rows: list[dict], meta: dict) -> str:
     """The Markdown table of the run: one row per client count, the target line under it."""
     head = ["clients", "requests", "output tok/s", "vs sequential", "TTFT p50 / p95 (ms)",
             "per-token p50 / p95 (ms)", "mean decode batch", "model ms / step", "other load"]
-    lines = [f"# anychip serve under load: {meta['model']} on {device_label(meta['device'], meta['simulated'])}",
+    extra = " ".join(meta.get("server", {}).get("extra_args", []))
+    lines = [f"# anychip serve under load: {meta['model']} on {device_label(meta['device'], meta['simulated'])}"
+             + (f" (serve {extra})" if extra else ""),
              "",
              f"Streaming chat completions, greedy, max_tokens {meta['max_tokens']}, {meta['requests']} requests per "
              f"row; output tok/s = completion tokens / wall time; {meta.get('date', '')}".rstrip("; "),
@@ -285,7 +306,7 @@ def render_table(rows: list[dict], meta: dict) -> str:
                  f"{_ms(r['ttft_p50_s'])} / {_ms(r['ttft_p95_s'])}",
                  f"{_ms(r['per_token_p50_s'])} / {_ms(r['per_token_p95_s'])}", batch, _ms(r.get("decode_step_s")), other]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", verdict(rows)["line"], "",
+    lines += ["", verdict(rows, baseline=meta.get("baseline"))["line"], "",
               "mean decode batch: requests per batched decode step (server counters); model ms / step: the server's "
               "time inside batched decode calls per step; other load: CPU time of "
               "processes other than the server and the clients, share of all CPUs (above ~10%: rerun on a quiet "
@@ -546,7 +567,8 @@ class LoadBench:
                        "extra_args": list(a.server_arg), "startup_s": round(self.startup_s, 2)},
             "host": self.host,
             "git": git_commit(),
-            "target": verdict(self.rows),
+            "baseline": a.baseline,
+            "target": verdict(self.rows, baseline=a.baseline),
             "rows": self.rows,
             "consistency": check,
             "warmup_requests": self.warmup_requests,
@@ -653,6 +675,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ready-s", type=float, default=300, help="seconds to wait for the server to start (default 300)")
     p.add_argument("--out", type=Path, default=Path("runs/serve-bench"),
                    help="folder for results.json, table.md, serve-load.png (default runs/serve-bench)")
+    p.add_argument("--baseline", type=Path, default=None, metavar="RESULTS",
+                   help="results.json of an earlier run (e.g. without --server-arg): the target is then judged "
+                        "against the faster of its and this run's single-request rate")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
 
@@ -663,6 +688,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.requests < 1 or args.max_tokens < 1:
         p.error(f"--requests and --max-tokens must be >= 1, got {args.requests} and {args.max_tokens}")
     args.clients = sorted({1, *args.clients})
+    if args.baseline is not None:
+        try:
+            args.baseline = sequential_baseline(args.baseline)
+        except ValueError as e:
+            p.error(str(e))
     if args.requests < args.clients[-1]:
         p.error(f"--requests {args.requests} is fewer than the {args.clients[-1]} clients: they would never all "
                 "run at once")

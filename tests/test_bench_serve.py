@@ -125,7 +125,12 @@ def test_verdict(bs):
     rows = [{"clients": 1, "output_tok_s": 50.0}, {"clients": 16, "output_tok_s": 160.0}]
     v = bs.verdict(rows)
     assert v["result"] == "PASS" and v["ratio"] == pytest.approx(3.2)
-    assert "PASS (3.20x: 160.0 vs 50.0 tok/s)" in v["line"]
+    assert "PASS (3.20x: 160.0 vs 50.0 tok/s, this run's sequential rate)" in v["line"]
+    # a faster single-request rate from another configuration is the one to beat
+    faster = {"output_tok_s": 60.0, "label": "the default server"}
+    v = bs.verdict(rows, baseline=faster)
+    assert v["result"] == "MISS" and "2.67x: 160.0 vs 60.0 tok/s, the default server's sequential rate" in v["line"]
+    assert bs.verdict(rows, baseline={"output_tok_s": 40.0, "label": "x"})["ratio"] == pytest.approx(3.2)
     rows[1]["output_tok_s"] = 149.0
     assert bs.verdict(rows)["result"] == "MISS"
     na = bs.verdict(rows[:1])
@@ -148,9 +153,22 @@ def test_table(bs):
     assert table[0].startswith("| clients | requests | output tok/s | vs sequential | TTFT p50 / p95 (ms) |")
     assert table[2] == "| 1 (sequential) | 8 | 60.0 | 1.00x | 120 / 200 | 15.1 / 20.0 | 1.0 | 7.1 | 12% |"
     assert table[3] == "| 16 | 8 | 200.0 | 3.33x | 500 / 1250 | 60.0 / - | - | - | - |"
-    assert any(l.startswith("target 16 clients") and l.endswith("PASS (3.33x: 200.0 vs 60.0 tok/s)") for l in lines)
-    real = bs.render_table(rows, {**meta, "device": "cpu:0", "simulated": False})
-    assert "simulated" not in real
+    assert any(l.startswith("target 16 clients") and "PASS (3.33x: 200.0 vs 60.0 tok/s" in l for l in lines)
+    real = bs.render_table(rows, {**meta, "device": "cpu:0", "simulated": False, "server": {"extra_args": ["--bf16"]}})
+    assert "simulated" not in real and real.splitlines()[0].endswith("on cpu:0 (serve --bf16)")
+
+
+def test_baseline_reads_an_earlier_run(bs, tmp_path):
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"date": "d", "server": {"extra_args": []},
+                                "rows": [{"clients": 1, "output_tok_s": 98.5}, {"clients": 16, "output_tok_s": 250.0}]}))
+    assert bs.sequential_baseline(path) == {"file": str(path), "output_tok_s": 98.5, "date": "d",
+                                            "label": "the default server"}
+    path.write_text(json.dumps({"rows": [{"clients": 16, "output_tok_s": 250.0}]}))
+    with pytest.raises(ValueError, match="not a bench_serve results.json with a 1-client row"):
+        bs.sequential_baseline(path)
+    with pytest.raises(SystemExit):
+        bs.parse_args(["--baseline", str(tmp_path / "missing.json")])
 
 
 METRICS = """# HELP anychip_requests_total Requests that left the engine, by outcome.
