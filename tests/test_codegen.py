@@ -169,6 +169,26 @@ def test_unary(npu, kernels, op, dtype):
         assert_close(out, UNARY_REF[op](xv_seen), dtype, what=f"{op} {shape}")
 
 
+def test_exp_is_within_one_ulp_over_its_whole_range(npu, kernels):
+    """The c backend's e^x (a vectorisable polynomial, not expf): within 1 ulp of the exact value
+    from overflow down through the subnormals, with inf, 0 and NaN where they belong."""
+    sweep = np.concatenate([np.linspace(-104.5, 89.0, 200_003), np.linspace(-1e-3, 1e-3, 1001),
+                            [0.0, -0.0, 88.72283, 88.7229, -87.33655, -103.97, -103.98, 1e30, -1e30]])
+    x = sweep.astype(np.float32)
+    specials = np.array([np.inf, -np.inf, np.nan], np.float32)
+    (out,) = run(npu, kernels["exp.float32"], [Arg(np.concatenate([x, specials]), "float32")],
+                 [out_arg((len(x) + 3,), "float32")])
+    with np.errstate(over="ignore"):
+        exact = np.exp(x.astype(np.float64))
+        want = exact.astype(np.float32)
+    finite = np.isfinite(want) & (want > 0)
+    ulps = np.abs(out[:len(x)][finite] - exact[finite]) / np.spacing(want[finite])
+    assert ulps.max() <= 1.0, f"{ulps.max():.2f} ulp at x = {x[finite][ulps.argmax()]!r}"
+    assert np.all(out[:len(x)][want == np.inf] == np.inf)
+    assert np.all(out[:len(x)][want == 0] <= np.float32(1.5e-45))  # 0, or the last subnormal rounding
+    assert out[-3] == np.inf and out[-2] == 0.0 and np.isnan(out[-1])
+
+
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_scale_and_pow(npu, kernels, dtype):
     rng = np.random.default_rng(2)
