@@ -17,48 +17,51 @@ def _nll(logits: np.ndarray, targets: np.ndarray) -> float:
     return float((logz - logits[np.arange(len(targets)), targets]).sum())
 
 
-def perplexity(model: LlamaForCausalLM, ids: list[int], window: int = 512) -> float:
-    """Perplexity of ``ids`` (at least 2 tokens), scored in consecutive windows of ``window``
-    tokens (each window starts a fresh context)."""
+def _windowed(ids: list[int], window: int, logits_of, progress=None) -> float:
+    """exp of the mean NLL over consecutive windows of ``window`` tokens (each a fresh context);
+    ``logits_of(chunk)`` gives the logits [T - 1, V] predicting chunk[1:] from chunk [T]."""
     if len(ids) < 2:
         raise ValueError(f"perplexity needs at least 2 tokens, got {len(ids)}")
-    dev = place(model.device)
     nll, count = 0.0, 0
     with paddle.no_grad():
         for start in range(0, len(ids) - 1, window):
             chunk = np.asarray(ids[start:start + window + 1], dtype=np.int64)
             if len(chunk) < 2:
                 break
-            inputs, targets = chunk[:-1], chunk[1:]
-            logits = model(paddle.to_tensor(inputs[None], place=dev),
-                           paddle.to_tensor(np.arange(len(inputs), dtype=np.int64)[None], place=dev)).numpy()[0]
-            nll += _nll(logits, targets)
-            count += len(targets)
+            nll += _nll(logits_of(chunk), chunk[1:])
+            count += len(chunk) - 1
+            if progress is not None:
+                progress(len(chunk) - 1)
     return float(np.exp(nll / count))
+
+
+def perplexity(model: LlamaForCausalLM, ids: list[int], window: int = 512) -> float:
+    """Perplexity of ``ids`` (at least 2 tokens), scored in consecutive windows of ``window``
+    tokens (each window starts a fresh context), each window in one forward pass."""
+    dev = place(model.device)
+
+    def logits_of(chunk):
+        inputs = chunk[:-1]
+        return model(paddle.to_tensor(inputs[None], place=dev),
+                     paddle.to_tensor(np.arange(len(inputs), dtype=np.int64)[None], place=dev)).numpy()[0]
+
+    return _windowed(ids, window, logits_of)
 
 
 def decode_perplexity(model: LlamaForCausalLM, ids: list[int], window: int = 512, progress=None) -> float:
     """Perplexity as generation computes it: each window's first token prefilled, then every
     next token's logits from one decode step through the KV cache (the fused decoder_step where
     the device has it), fed the text's own tokens. ``progress(n)`` is told of each n tokens."""
-    if len(ids) < 2:
-        raise ValueError(f"perplexity needs at least 2 tokens, got {len(ids)}")
     dev = place(model.device)
-    nll, count = 0.0, 0
-    with paddle.no_grad():
-        for start in range(0, len(ids) - 1, window):
-            chunk = np.asarray(ids[start:start + window + 1], dtype=np.int64)
-            if len(chunk) < 2:
-                break
-            cache = KVCache(model.config, 1, len(chunk), model.device)
-            logits = [model(paddle.to_tensor(chunk[None, :1], place=dev), paddle.to_tensor([[0]], place=dev),
-                            cache).numpy()[0, -1]]
-            for pos in range(1, len(chunk) - 1):
-                step = model.decode(paddle.to_tensor(chunk[pos:pos + 1], place=dev),
-                                    paddle.to_tensor(np.array([pos], np.int64), place=dev), cache)
-                logits.append(step.numpy()[0])
-            nll += _nll(np.stack(logits), chunk[1:])
-            count += len(chunk) - 1
-            if progress is not None:
-                progress(len(chunk) - 1)
-    return float(np.exp(nll / count))
+
+    def logits_of(chunk):
+        cache = KVCache(model.config, 1, len(chunk), model.device)
+        logits = [model(paddle.to_tensor(chunk[None, :1], place=dev), paddle.to_tensor([[0]], place=dev),
+                        cache).numpy()[0, -1]]
+        for pos in range(1, len(chunk) - 1):
+            step = model.decode(paddle.to_tensor(chunk[pos:pos + 1], place=dev),
+                                paddle.to_tensor(np.array([pos], np.int64), place=dev), cache)
+            logits.append(step.numpy()[0])
+        return np.stack(logits)
+
+    return _windowed(ids, window, logits_of, progress)
