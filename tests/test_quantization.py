@@ -90,6 +90,15 @@ def test_quantize_eval_and_generate_through_the_cli(model_dir, calib_file, tmp_p
     float_ppl = anychip("eval", "ppl", "--model", model_dir, "--data", text, "--json")
     assert float_ppl.returncode == 0, float_ppl.stderr
     reference = json.loads(float_ppl.stdout)["perplexity"]
+    # the same text scored token by token through the decode step, exactly and in bfloat16
+    through = anychip("eval", "ppl", "--model", model_dir, "--data", text, "--json", "--through", "decode")
+    assert through.returncode == 0, through.stderr
+    assert json.loads(through.stdout)["perplexity"] == pytest.approx(reference, rel=1e-4)
+    bf16 = anychip("eval", "ppl", "--model", model_dir, "--data", text, "--json", "--through", "decode", "--bf16")
+    assert bf16.returncode == 0, bf16.stderr
+    result = json.loads(bf16.stdout)
+    assert result["bf16"] and result["through"] == "decode"
+    assert result["perplexity"] == pytest.approx(reference, rel=2e-2)
     for args in (["--type", "wint8"], ["--type", "wint4", "--group-size", "64", "--gptq"],
                  ["--type", "a8w8", "--smooth"]):
         out = tmp_path / args[1]
