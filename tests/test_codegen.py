@@ -337,6 +337,24 @@ def test_softmax_and_grad(npu, kernels, dtype):
         assert_close(dx, ov * (dv - (dv * ov).sum(axis=axis, keepdims=True)), dtype, SUM_TOL, "softmax_grad")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_large_row_outputs_stream_out_unchanged(npu, kernels, dtype):
+    """Row kernels whose outputs pass 8 MiB write their rows through a buffer with
+    non-temporal stores: rows of an odd length (none 64-byte aligned but the first), two outputs
+    of different dtypes (rms_norm's y and float32 inv_rms; softmax's one), against the reference."""
+    rng = np.random.default_rng(12)
+    shape = (2100, 2051) if dtype == "float32" else (4100, 2051)  # over 8 MiB of y
+    x, xv = stored(rng.standard_normal(shape), dtype)
+    w, wv = stored(rng.uniform(0.5, 1.5, shape[1]), dtype)
+    y, inv = run(npu, kernels[f"rms_norm.{dtype}"], [Arg(x, dtype), Arg(w, dtype)],
+                 [out_arg(shape, dtype), out_arg((shape[0],), "float32")], [1e-5])
+    want_inv = 1 / np.sqrt((xv ** 2).mean(-1, keepdims=True) + 1e-5)
+    assert_close(y, xv * want_inv * wv, dtype, SUM_TOL, "rms_norm y")
+    np.testing.assert_allclose(inv, want_inv.reshape(-1), rtol=1e-5)
+    (out,) = run(npu, kernels[f"softmax.{dtype}"], [Arg(x, dtype)], [out_arg(shape, dtype)], [-1])
+    assert_close(out, softmax_ref(xv, -1), dtype, SUM_TOL, "softmax")
+
+
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_cross_entropy_and_grad(npu, kernels, dtype):
     rng = np.random.default_rng(10)

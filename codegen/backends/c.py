@@ -336,22 +336,39 @@ def render_rows(kernel: ir.Rows, fn: str) -> str:
     body += [f"    const auto {nm} = {hx.render(e)};" for e, nm in hoisted.items()]
     cx = CExpr(load=load, reduced={**computed, **hoisted}, row_at=row_at)
     per_element = [(k, o) for k, o in enumerate(outs) if o.role in ("row", "col_sum")]
+    row_outs = [k for k, o in per_element if o.role == "row"]
     if per_element:
+        # Unit-step rows of a large output go through a buffer and out with non-temporal stores
+        # (the prelude's kStreamMinBytes says why).
+        for j, k in enumerate(row_outs):
+            before = " + ".join(f"sizeof({_ctype(outs[i].dtype, i)})" for i in row_outs[:j]) or "0"
+            body.append(f"    {_ctype(outs[k].dtype, k)}* w{k} = F == 2 && stream ? "
+                        f"reinterpret_cast<{_ctype(outs[k].dtype, k)}*>(buffer.data() + len * ({before})) : q{k} + c{k};")
         body.append("#pragma omp simd")
         body.append("    for (int64_t c = 0; c < len; ++c) {")
         body += cx.preload([o.expr for _k, o in per_element], "      ")
         for k, o in per_element:
             value = cx.render(o.expr)
             if o.role == "row":
-                body.append(f"      q{k}[c{k} + {element(k, 'c', out=True)}] = acg::store<{_ctype(o.dtype, k)}>({value});")
+                body.append(f"      (F == 2 ? w{k}[c] : q{k}[c{k} + {element(k, 'c', out=True)}]) = "
+                            f"acg::store<{_ctype(o.dtype, k)}>({value});")
             else:
                 body.append(f"      colsum[{col_sums.index(k)} * len + c] += static_cast<float>({value});")
         body.append("    }")
+        for k in row_outs:
+            body.append(f"    if (F == 2 && stream) acg::stream_bytes(q{k} + c{k}, w{k}, len * "
+                        f"static_cast<int64_t>(sizeof(*w{k})));")
     for k, o in enumerate(outs):
         if o.role == "per_row":
             body += ["    {", *cx.preload([o.expr], "      "),
                      f"      q{k}[r] = acg::store<{_ctype(o.dtype, k)}>({cx.render(o.expr)});", "    }"]
     body.append("  };")
+    if row_outs:
+        row_bytes = " + ".join(f"sizeof({_ctype(outs[k].dtype, k)})" for k in row_outs)
+        lines.append(f"  const bool stream = R.rows * len * static_cast<int64_t>({row_bytes}) >= acg::kStreamMinBytes;")
+        body[2:2] = ["    thread_local std::vector<unsigned char> buffer;  // this thread's rows on their way out",
+                     f"    if (F == 2 && stream && buffer.size() < static_cast<size_t>(len * ({row_bytes})))",
+                     f"      buffer.resize(static_cast<size_t>(len * ({row_bytes})));"]
     lines += body
     steps = [f"st{i}" for i, a in enumerate(ins) if a.role == "row"] + [f"su{k}" for k, o in enumerate(outs)
                                                                         if o.role == "row"]
