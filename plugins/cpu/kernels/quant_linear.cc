@@ -23,21 +23,11 @@
 namespace anychip::cpu::quant {
 namespace {
 
-// Whether the call has offsets (attr 2, absent: no), or -1 if that attr is neither 0 nor 1.
-int offsets_attr(const AnychipKernelCall* call) {
-  const double v = attr(call, 2, 0.0);
-  return v == 0.0 ? 0 : v == 1.0 ? 1 : -1;
-}
-
-// Whether x is quantized to int8 (attr 3, absent: no), or -1 if that attr is neither 0 nor 1.
-int x_int8_attr(const AnychipKernelCall* call) {
-  const double v = attr(call, 3, 0.0);
-  return v == 0.0 ? 0 : v == 1.0 ? 1 : -1;
-}
-
-// Whether float32 x multiplies in bf16 (attr 4, absent: no), or -1 if neither 0 nor 1.
-int bf16_products_attr(const AnychipKernelCall* call) {
-  const double v = attr(call, 4, 0.0);
+// A 0/1 flag attr (absent: 0), or -1 if it is neither: attr 2 has_offsets, 3 x_int8, 4
+// bf16_products (float32 x multiplied in bf16).
+constexpr int kOffsetsAttr = 2, kXInt8Attr = 3, kBf16ProductsAttr = 4;
+int flag_attr(const AnychipKernelCall* call, int index) {
+  const double v = attr(call, index, 0.0);
   return v == 0.0 ? 0 : v == 1.0 ? 1 : -1;
 }
 
@@ -81,7 +71,7 @@ AnychipStatus read_weight(const AnychipKernelCall* call, int qi, int64_t k, QWei
   if (q.shape[1] != w->row_bytes())
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: qweight has %lld bytes per row, expected %lld", what,
                 static_cast<long long>(q.shape[1]), static_cast<long long>(w->row_bytes()));
-  if (offsets_attr(call) == 1) {
+  if (flag_attr(call, kOffsetsAttr) == 1) {
     const AnychipTensor& o = in(call, qi + 2);
     if (o.dtype != ANYCHIP_DTYPE_FLOAT32 || !is_contiguous(o) || o.rank != 2 || o.shape[0] != w->n ||
         o.shape[1] != w->groups)
@@ -307,11 +297,11 @@ using namespace anychip::cpu::quant;
 
 ANYCHIP_CPU_KERNEL(weight_only_linear) {
   const char* what = "weight_only_linear";
-  const int has_offsets = offsets_attr(call);
+  const int has_offsets = flag_attr(call, kOffsetsAttr);
   if (has_offsets < 0) return fail(call, ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: has_offsets must be 0 or 1", what);
-  const int x_int8 = x_int8_attr(call);
+  const int x_int8 = flag_attr(call, kXInt8Attr);
   if (x_int8 < 0) return fail(call, ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: x_int8 must be 0 or 1", what);
-  const int bf16_products = bf16_products_attr(call);
+  const int bf16_products = flag_attr(call, kBf16ProductsAttr);
   if (bf16_products < 0) return fail(call, ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: bf16_products must be 0 or 1", what);
   if (bf16_products == 1 && x_int8 == 1)
     return fail(call, ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: x_int8 and bf16_products exclude each other", what);
@@ -374,7 +364,7 @@ ANYCHIP_CPU_KERNEL(weight_only_linear) {
 
 ANYCHIP_CPU_KERNEL(weight_only_linear_grad) {
   const char* what = "weight_only_linear_grad";
-  const int has_offsets = offsets_attr(call);
+  const int has_offsets = flag_attr(call, kOffsetsAttr);
   if (has_offsets < 0) return fail(call, ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: has_offsets must be 0 or 1", what);
   if (call->num_inputs < 3 + has_offsets || call->num_outputs < 1)
     return fail(call, ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: expects dy, qweight, scales, offsets? -> dx", what);
