@@ -9,7 +9,7 @@ Expressions are built from ``Input`` loads, ``Const``, ``Attr`` (the call's attr
 math (``exp(x)``, ``x * y``, ``maximum(x, y)``, ``where(c, x, y)``, comparisons, ``cast``) and,
 in row kernels, row reductions (``row_sum``, ``row_max``) and the row length ``ROW_LEN``.
 
-Two kinds of kernel:
+Five kinds of kernel:
 
 - :class:`Elementwise`: every output element from the inputs' elements at the same index, by
   the kernel ABI's broadcasting rule (input descriptors have the output's shape, stride 0 on
@@ -20,6 +20,12 @@ Two kinds of kernel:
   first input with role "row", element by element), ``"col"`` (a vector indexed by position in the row, e.g.
   RMSNorm's weight), ``"per_row"`` (one element per row, rows in row-major order, e.g. inv_rms),
   ``"col_sum"`` (an output vector, the expression summed over all rows, e.g. dweight).
+- :class:`Gather`: out = the table input's slices picked along an axis by an int64 index input
+  (embedding, index_select); the output expression sees the picked element and the index.
+- :class:`ScatterAdd`: the other way round: each index's source slice added onto the output's
+  row it names (embedding's gradient), in index order.
+- :class:`Contraction`: each output a :class:`Product` of two inputs' matrices (their last two
+  dims), batched over the leading dims with broadcasting (matmul and its gradient).
 
 Dtypes: a tensor's ``dtype`` is ``"T"`` (the dtype the kernel is instantiated for), a dtype
 name, or ``"*"`` (an output whose dtype the kernel reads from its descriptor: ``cast``).
@@ -151,6 +157,30 @@ class RowAt(Expr):
     pos: Expr
 
 
+@dataclass(frozen=True, eq=True)
+class Flag:
+    """A switch fixed at launch: on when ``attrs[attr] != 0`` (``attr`` None: never), the other
+    way round when ``invert``. ``~flag`` inverts."""
+    attr: int | None = None
+    invert: bool = False
+
+    def __invert__(self) -> "Flag":
+        return replace(self, invert=not self.invert)
+
+
+@dataclass(frozen=True, eq=True)
+class Product(Expr):
+    """(Contraction kernels only) ``op(a) @ op(b)`` for inputs ``a`` and ``b``, where op views a
+    tensor's last two dims as a matrix, transposed when the operand's flag is on. The output
+    receives it through op of its own last two dims (``tout``): with ``tout`` on, the output
+    holds the product's transpose."""
+    a: int
+    b: int
+    ta: Flag = Flag()
+    tb: Flag = Flag()
+    tout: Flag = Flag()
+
+
 ROW_LEN = RowLen()
 POSITION = Position()
 
@@ -182,6 +212,16 @@ def children(e: Expr) -> tuple[Expr, ...]:
     if isinstance(e, RowAt):
         return (e.pos,)
     return ()
+
+
+def flags(kernel) -> list[Flag]:
+    """The launch-time flags a kernel's products read, without repeats."""
+    found: list[Flag] = []
+    for out in kernel.outputs:
+        for node in walk(out.expr):
+            if isinstance(node, Product):
+                found += [f for f in (node.ta, node.tb, node.tout) if f.attr is not None and f not in found]
+    return found
 
 
 def walk(e: Expr):
@@ -234,9 +274,12 @@ class Kernel:
     def __post_init__(self):
         for i, out in enumerate(self.outputs):
             for node in walk(out.expr):
-                if isinstance(node, (Input, RowAt)) and not 0 <= node.index < len(self.inputs):
-                    raise ValueError(f"kernel {self.name!r} output {i} reads input {node.index}, "
-                                     f"but the kernel has {len(self.inputs)} inputs")
+                read = ((node.index,) if isinstance(node, (Input, RowAt)) else
+                        (node.a, node.b) if isinstance(node, Product) else ())
+                for index in read:
+                    if not 0 <= index < len(self.inputs):
+                        raise ValueError(f"kernel {self.name!r} output {i} reads input {index}, "
+                                         f"but the kernel has {len(self.inputs)} inputs")
         for dtype in (*(a.dtype for a in self.inputs), *(o.dtype for o in self.outputs)):
             if dtype not in ("T", "*") + ALL + ("float64",):
                 raise ValueError(f"kernel {self.name!r}: dtype {dtype!r} is not 'T', '*' or a dtype name")
@@ -253,10 +296,69 @@ class Elementwise(Kernel):
     def __post_init__(self):
         super().__post_init__()
         for out in self.outputs:
-            for node in walk(out.expr):
-                if isinstance(node, (Reduce, RowLen, RowAt)):
-                    raise ValueError(f"elementwise kernel {self.name!r} uses {type(node).__name__}, "
-                                     "which only row kernels have")
+            _refuse(self, out.expr, (Reduce, RowLen, RowAt, Product), "elementwise")
+
+
+def _refuse(kernel, expr, kinds, what) -> None:
+    for node in walk(expr):
+        if isinstance(node, kinds):
+            raise ValueError(f"{what} kernel {kernel.name!r} uses {type(node).__name__}, which {what} kernels "
+                             "do not have")
+
+
+@dataclass(frozen=True)
+class Gather(Kernel):
+    """out[pre, i, post] from table[pre, index[i], post]: ``table`` (an input) is cut at its
+    axis (attrs[``axis_attr``], negative counts from the end; None: axis 0) and ``index`` (an
+    int64 input of any shape, all of it used) picks slices along it; the output has the table's
+    shape with the index's dims in place of the axis. In the output expression ``Input(table)``
+    is the picked element and ``Input(index)`` the index value. Every index must lie inside
+    the axis; a kernel checks them all before it writes anything."""
+    table: int = 1
+    index: int = 0
+    axis_attr: int | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.inputs[self.index].dtype != "int64":
+            raise ValueError(f"gather kernel {self.name!r}: its index input must be int64")
+        for out in self.outputs:
+            _refuse(self, out.expr, (Reduce, RowLen, RowAt, Product, Position), "gather")
+
+
+@dataclass(frozen=True)
+class ScatterAdd(Kernel):
+    """out[index[i], post] += expr for every i, in order of i, over a zeroed output: ``source``
+    (an input) has the index's shape followed by the output's dims after the first; in the
+    expression ``Input(source)`` is its element and ``Input(index)`` the index value. Each
+    element is summed in index order whatever the thread count."""
+    index: int = 0
+    source: int = 1
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.inputs[self.index].dtype != "int64":
+            raise ValueError(f"scatter kernel {self.name!r}: its index input must be int64")
+        for out in self.outputs:
+            _refuse(self, out.expr, (Reduce, RowLen, RowAt, Product, Position), "scatter")
+
+
+@dataclass(frozen=True)
+class Contraction(Kernel):
+    """Outputs that are each one :class:`Product`. The batch is the leading dims (all but the
+    last two) of the tensor ``batch`` names (an input's index, or -1: the first output);
+    other tensors' batch dims are right-aligned with them, and a dim of size 1 or missing is
+    broadcast. An output with fewer batch dims receives the sum over the batches that land on
+    it, in batch order. Every element is summed in a fixed order, whatever the thread count."""
+    batch: int = -1
+
+    def __post_init__(self):
+        super().__post_init__()
+        for out in self.outputs:
+            if not isinstance(out.expr, Product):
+                raise ValueError(f"contraction kernel {self.name!r}: every output must be one Product")
+            if out.dtype not in FLOATS + ("T",):
+                raise ValueError(f"contraction kernel {self.name!r}: outputs are float")
 
 
 @dataclass(frozen=True)
@@ -270,6 +372,8 @@ class Rows(Kernel):
         for t in (*self.inputs, *self.outputs):
             if t.role not in ROLES:
                 raise ValueError(f"row kernel {self.name!r}: role {t.role!r} is not one of {ROLES}")
+        for out in self.outputs:
+            _refuse(self, out.expr, (Product,), "row")
 
 
 @dataclass(frozen=True)

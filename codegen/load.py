@@ -3,11 +3,12 @@ hand-written ones."""
 
 from __future__ import annotations
 
+from anychip.ops.base import BASE_OPS
+
 # op -> the kernel computing its input gradients, registered as the op's backward. A base op's
-# grad is also an op of its own (anychip.ops.base: the Paddle bridge calls it by name); a fused
-# op's is not.
-BACKWARD_OF = {"rms_norm": "rms_norm_grad", "softmax": "softmax_grad",
-               "cross_entropy_with_softmax": "cross_entropy_with_softmax_grad"}
+# grad is also an op of its own (anychip.ops.base declares the pairs; the Paddle bridge calls a
+# grad by name); a fused op's is not.
+BACKWARD_OF = {"rms_norm": "rms_norm_grad", **{op.name: op.grad for op in BASE_OPS.values() if op.grad}}
 BACKWARD_ONLY = frozenset({"rms_norm_grad"})
 
 

@@ -6,8 +6,9 @@ as doubles). ``library(dtypes)`` restricts every op to the dtypes a chip support
 
 from __future__ import annotations
 
-from .ir import (ALL, FLOATS, INTS, Arg, Attr, Cast, Const, Elementwise, Input, Out, Position, RowAt, Rows,
-                 RowsOf, ROW_LEN, Variants, Unary, Binary, row_max, row_sum, rsqrt, where, exp, log)
+from .ir import (ALL, FLOATS, INTS, Arg, Attr, Cast, Const, Contraction, Elementwise, Flag, Gather, Input, Out,
+                 Position, Product, RowAt, Rows, RowsOf, ROW_LEN, ScatterAdd, Variants, Unary, Binary, row_max,
+                 row_sum, rsqrt, where, exp, log)
 
 X, Y, Z = Input(0), Input(1), Input(2)
 T = Arg("T")
@@ -110,9 +111,32 @@ def rms_norm_kernels() -> list:
             Variants("rms_norm_grad", ((4, grad(False)), (5, grad(True))))]
 
 
+def index_kernels() -> list:
+    """embedding (ids, weight -> rows of weight; padding_idx rows 0), its grad (the scatter-add of
+    dout's rows by id, nothing for padding_idx) and index_select (attrs [axis])."""
+    ids = Arg("int64")
+    padding = Input(0).eq(Attr(0, -1.0, exact=True))
+    return [Gather("embedding", (ids, T), (Out("T", where(padding, Const(0.0), Input(1))),), FLOATS,
+                   table=1, index=0),
+            ScatterAdd("embedding_grad", (ids, T), (Out("T", where(padding, Const(0.0), Input(1))),), FLOATS,
+                       index=0, source=1),
+            Gather("index_select", (T, ids), (Out("T", Input(0)),), FLOATS + INTS, table=0, index=1, axis_attr=0)]
+
+
+def matmul_kernels() -> list:
+    """matmul (attrs [transpose_x, transpose_y]) and matmul_grad: with A = op(x), B = op(y),
+    dA = dout B^T and dB = A^T dout, each written transposed when its operand is stored so."""
+    tx, ty, plain = Flag(0), Flag(1), Flag()
+    forward = Contraction("matmul", (T, T), (Out("T", Product(0, 1, tx, ty)),), FLOATS)
+    grad = Contraction("matmul_grad", (T, T, T),
+                       (Out("T", Product(2, 1, plain, ~ty, tout=tx)), Out("T", Product(0, 2, ~tx, plain, tout=ty))),
+                       FLOATS, batch=2)
+    return [forward, grad]
+
+
 def all_kernels() -> list:
     return (elementwise_kernels() + reduction_kernels() + softmax_kernels() + cross_entropy_kernels()
-            + rms_norm_kernels())
+            + rms_norm_kernels() + index_kernels() + matmul_kernels())
 
 
 def restrict(kernel, dtypes):

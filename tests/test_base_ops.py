@@ -1,6 +1,8 @@
 """The base operator set (anychip.ops.base): every op's hand-written host kernel, called directly with
 descriptors for every dtype it declares, against the numpy reference (odd shapes, stride-0
-broadcasting, strided views, rank 0, empty tensors, thread-count invariance); then the
+broadcasting, strided views, rank 0, empty tensors, thread-count invariance); the indexing ops and
+matmul also through the npu's CodeGen kernels (the other ops' generated kernels: test_codegen.py);
+then the
 anychip-level call path (anychip.ops.base_call) on xpu, which registers these kernels, and its
 counted fallback on a device without them."""
 
@@ -33,6 +35,29 @@ def _names(arrays):
 def _launch(op, inputs, outputs, attrs=(), num_threads=0):
     arrays = list(inputs) + list(outputs)
     kernel(op).run_host(inputs, outputs, attrs, num_threads=num_threads, dtypes=_names(arrays))
+
+
+@pytest.fixture(scope="module")
+def generated():
+    """The npu's CodeGen kernels by "op.dtype" (a cache hit: the plugin built them at discovery)."""
+    import anychip_codegen as cg
+    from anychip_plugins.npu import TRAITS
+
+    return cg.generate("npu_kernels", cg.ops.library(TRAITS.dtypes), "c").load()
+
+
+@pytest.fixture(params=["hand-written", "generated"])
+def launch(request):
+    """``launch(op, dtype, inputs, outputs, attrs, num_threads)`` through the hand-written host
+    kernel or the generated one registered for ``dtype``."""
+    if request.param == "hand-written":
+        return lambda op, dtype, *args, **kw: _launch(op, *args, **kw)
+    found = request.getfixturevalue("generated")
+
+    def go(op, dtype, inputs, outputs, attrs=(), num_threads=0):
+        found[f"{op}.{dtype}"].run_host(inputs, outputs, attrs, num_threads=num_threads,
+                                        dtypes=_names(list(inputs) + list(outputs)))
+    return go
 
 
 def _check(op, got, want, dtype):
@@ -214,36 +239,40 @@ def test_cross_entropy_with_softmax_and_grad(dtype):
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-def test_embedding_and_grad(dtype):
+def test_embedding_and_grad(launch, dtype):
     v, c = 11, 19
     w, wr = _stored(RNG.standard_normal((v, c)), dtype)
     ids = RNG.integers(0, v, (3, 7)).astype(np.int64)
     ids[0, :3] = 4  # repeated ids sum in the grad
     for pad in (-1, 2):
         out = _out((3, 7, c), dtype)
-        _launch("embedding", [ids, w], [out], [pad])
+        launch("embedding", dtype, [ids, w], [out], [pad])
         _check("embedding", out, BASE_OPS["embedding"].reference([ids, wr], [pad])[0], dtype)
         dout, dr = _stored(RNG.standard_normal((3, 7, c)), dtype)
         dw = _out((v, c), dtype)
-        _launch("embedding_grad", [ids, dout], [dw], [pad])
+        launch("embedding_grad", dtype, [ids, dout], [dw], [pad])
         _check("embedding_grad", dw, BASE_OPS["embedding_grad"].reference([ids, dr], [pad], out_shape=(v, c))[0],
                dtype)
 
 
-def test_embedding_rejects_an_id_out_of_range():
-    w = np.zeros((4, 3), np.float32)
-    with pytest.raises(RuntimeError, match="outside"):
-        _launch("embedding", [np.array([1, 4], np.int64), w], [np.empty((2, 3), np.float32)], [-1])
+@pytest.mark.parametrize("op", ["embedding", "embedding_grad", "index_select"])
+def test_indexing_rejects_an_index_out_of_range(launch, op):
+    ids = np.array([1, 4], np.int64)
+    table, out = np.zeros((4, 3), np.float32), np.empty((2, 3), np.float32)
+    args = {"embedding": ([ids, table], [out]), "embedding_grad": ([ids, out], [table]),
+            "index_select": ([table, ids], [out])}[op]
+    with pytest.raises(RuntimeError, match=r"4 .*outside \[0, 4\)"):
+        launch(op, "float32", *args, [-1 if op != "index_select" else 0])
 
 
 @pytest.mark.parametrize("dtype", BASE_OPS["index_select"].dtypes)
-def test_index_select(dtype):
+def test_index_select(launch, dtype):
     x, xr = _stored(RNG.integers(-50, 50, (4, 5, 6)), dtype)
     for axis, index in [(0, [3, 0, 3]), (1, [4]), (2, [5, 1, 0, 2]), (-1, [])]:
         index = np.array(index, np.int64)
         shape = BASE_OPS["index_select"].output_shapes([x.shape, index.shape], [axis])[0]
         out = _out(shape, dtype)
-        _launch("index_select", [x, index], [out], [axis])
+        launch("index_select", dtype, [x, index], [out], [axis])
         _check("index_select", out, BASE_OPS["index_select"].reference([xr, index], [axis])[0], dtype)
 
 
@@ -264,7 +293,7 @@ MATMUL_CASES = [  # x shape, y shape, transpose_x, transpose_y
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-def test_matmul_and_grad(dtype):
+def test_matmul_and_grad(launch, dtype):
     for sx, sy, tx, ty in MATMUL_CASES:
         x, xr = _stored(RNG.standard_normal(sx), dtype)
         y, yr = _stored(RNG.standard_normal(sy), dtype)
@@ -273,17 +302,17 @@ def test_matmul_and_grad(dtype):
         batch = shape[:-2]
         xb, yb = np.broadcast_to(x, batch + sx[-2:]), np.broadcast_to(y, batch + sy[-2:])
         out = _out(shape, dtype)
-        _launch("matmul", [xb, yb], [out], attrs)
+        launch("matmul", dtype, [xb, yb], [out], attrs)
         _check("matmul", out, BASE_OPS["matmul"].reference([xr, yr], attrs)[0], dtype)
         d, dr = _stored(RNG.standard_normal(shape), dtype)
         dx, dy = _out(sx, dtype), _out(sy, dtype)
-        _launch("matmul_grad", [xb, yb, d], [dx, dy], attrs)
+        launch("matmul_grad", dtype, [xb, yb, d], [dx, dy], attrs)
         want_dx, want_dy = BASE_OPS["matmul_grad"].reference([xr, yr, dr], attrs)
         _check("matmul_grad", dx, want_dx, dtype)
         _check("matmul_grad", dy, want_dy, dtype)
 
 
-def test_matmul_strided_operands_and_threads():
+def test_matmul_strided_operands_and_threads(launch):
     x = RNG.standard_normal((70, 40)).astype(np.float32)
     y = RNG.standard_normal((90, 60)).astype(np.float32)
     xs, ys = x[::2, 1:33], y[1:33:1, ::3]  # views with row and column strides
@@ -291,7 +320,7 @@ def test_matmul_strided_operands_and_threads():
     results = []
     for threads in (1, 2):
         out = np.empty((35, 20), np.float32)
-        _launch("matmul", [xs, ys], [out], [0, 0], num_threads=threads)
+        launch("matmul", "float32", [xs, ys], [out], [0, 0], num_threads=threads)
         np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
         results.append(out)
     assert np.array_equal(*results)

@@ -439,9 +439,18 @@ def test_npu_registers_generated_kernels(library):
 
     reg = registry()
     assert not [p for p in reg.problems if p.plugin == "npu"], reg.problems
-    for op in ("add", "exp", "cast", "sum", "softmax", "softmax_grad", "cross_entropy_with_softmax", "rms_norm"):
-        k = reg.kernels.find(op, "npu", "bfloat16")
-        assert k is not None and Path(k.forward.library).resolve() == Path(library.path).resolve(), op
+    from anychip.ops.base import BASE_OPS
+    from anychip_plugins.npu import TRAITS
+
+    # every base op, in every dtype the npu has, from the generated library: none hand-written
+    for op in (*BASE_OPS, "rms_norm"):
+        dtypes = [d for d in BASE_OPS[op].dtypes if d in TRAITS.dtypes] if op in BASE_OPS else ["bfloat16"]
+        assert dtypes, op
+        for dtype in dtypes:
+            k = reg.kernels.find(op, "npu", dtype)
+            assert k is not None and Path(k.forward.library).resolve() == Path(library.path).resolve(), (op, dtype)
+    assert reg.kernels.find("matmul", "npu", "float32").backward.symbol == "acg_matmul_grad_float32"
+    assert reg.kernels.find("embedding", "npu", "bfloat16").backward.symbol == "acg_embedding_grad_bfloat16"
     rms = reg.kernels.find("rms_norm", "npu", "float16")
     assert rms.backward.symbol == "acg_rms_norm_grad_float16"
     assert reg.kernels.find("softmax", "npu", "float32").backward.symbol == "acg_softmax_grad_float32"
@@ -566,8 +575,16 @@ def test_cache_root(monkeypatch, tmp_path):
 def test_description_errors_name_what_is_wrong():
     with pytest.raises(ValueError, match="reads input 1"):
         ir.Elementwise("bad", (ir.Arg(),), (ir.Out("T", ir.Input(1)),), FLOATS)
-    with pytest.raises(ValueError, match="only row kernels"):
+    with pytest.raises(ValueError, match="elementwise kernel 'bad' uses Reduce"):
         ir.Elementwise("bad", (ir.Arg(),), (ir.Out("T", ir.row_sum(ir.Input(0))),), FLOATS)
+    with pytest.raises(ValueError, match="index input must be int64"):
+        ir.Gather("bad", (ir.Arg(), ir.Arg()), (ir.Out("T", ir.Input(0)),), FLOATS, table=0, index=1)
+    with pytest.raises(ValueError, match="every output must be one Product"):
+        ir.Contraction("bad", (ir.Arg(), ir.Arg()), (ir.Out("T", ir.Input(0) + ir.Input(1)),), FLOATS)
+    with pytest.raises(ValueError, match="reads input 2"):
+        ir.Contraction("bad", (ir.Arg(), ir.Arg()), (ir.Out("T", ir.Product(0, 2)),), FLOATS)
+    with pytest.raises(ValueError, match="row kernel 'bad' uses Product"):
+        ir.Rows("bad", (ir.Arg(),), (ir.Out("T", ir.Product(0, 0)),), FLOATS)
     with pytest.raises(ValueError, match="Unary op 'cosh'"):
         ir.Unary("cosh", ir.Input(0))
 
@@ -580,13 +597,15 @@ CUDA = sys.modules[cg.__name__ + ".backends"].builtin()["cuda"]
 @pytest.mark.skipif(sys.modules[cg.__name__ + ".backends.cuda"].nvcc() is None,
                     reason="nvcc is not installed: the cuda backend is compile-only here and needs it")
 def test_cuda_backend_compiles(tmp_path):
-    names = {"add", "cast", "softmax", "sum", "rms_norm", "rms_norm_grad", "cross_entropy_with_softmax"}
+    names = {"add", "cast", "softmax", "sum", "rms_norm", "rms_norm_grad", "cross_entropy_with_softmax", "embedding",
+             "embedding_grad", "index_select", "matmul_grad"}
     kernels = [k for k in ops.library(FLOATS + ("int32", "int64", "bool")) if k.name in names]
     lib = cg.build_library("cuda_ops", kernels, CUDA, root=tmp_path)
     assert lib.built and Path(lib.path).stat().st_size > 0
     loaded = lib.load()
     assert not loaded["rms_norm.bfloat16"].host_code
     assert "__global__" in (lib.folder / "softmax.cu").read_text()
+    assert "gemm_tile" in (lib.folder / "matmul_grad.cu").read_text()
 
 
 class ToyBackend:

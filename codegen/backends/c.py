@@ -20,6 +20,8 @@ from .expr_c import CExpr, storage_type
 # Schedules the tuner tries (see anychip_codegen.tune); the first is the default.
 ELEMENTWISE_SCHEDULES = ({"grain": 1 << 15}, {"grain": 1 << 12}, {"grain": 1 << 18})
 ROWS_SCHEDULES = ({"grain": 1 << 14, "chunk": 0}, {"grain": 1 << 14, "chunk": 4}, {"grain": 1 << 11, "chunk": 1})
+# rows x cols: the output block one work item accumulates (rows of A packed, cols of B streamed)
+CONTRACTION_SCHEDULES = ({"rows": 32, "cols": 256}, {"rows": 16, "cols": 512}, {"rows": 64, "cols": 128})
 
 
 def include_dir() -> str:
@@ -68,6 +70,8 @@ class CBackend:
 
     def schedules(self, kernel) -> tuple[dict, ...]:
         first = kernel.by_inputs[0][1] if isinstance(kernel, ir.Variants) else kernel
+        if isinstance(first, ir.Contraction):
+            return CONTRACTION_SCHEDULES
         return ROWS_SCHEDULES if isinstance(first, ir.Rows) else ELEMENTWISE_SCHEDULES
 
     def toolchain(self) -> str:
@@ -434,12 +438,224 @@ def _row_invariants(exprs, computed: dict) -> dict:
     return found
 
 
+def _axis(kernel: ir.Gather) -> list[str]:
+    """`axis`: the table's gather axis from the call (checked)."""
+    if kernel.axis_attr is None:
+        return ["  const int64_t axis = 0;"]
+    a = kernel.axis_attr
+    return [f"  int64_t axis = call->num_attrs > {a} ? static_cast<int64_t>(call->attrs[{a}]) : 0;",
+            "  if (axis < 0) axis += tab.rank;",
+            f"  if (axis < 0 || axis >= tab.rank) return acg::fail(call, \"{kernel.name}\", \"axis attr out of range\");"]
+
+
+def _dense_inputs_outputs(kernel) -> list[str]:
+    n_in, n_out = len(kernel.inputs), len(kernel.outputs)
+    return [f"  for (int t = 0; t < {n_in + n_out}; ++t)",
+            f"    if (!acg::dense(t < {n_in} ? call->inputs[t] : call->outputs[t - {n_in}]))",
+            f"      return acg::fail(call, \"{kernel.name}\", \"its tensors must be dense\");"]
+
+
+def render_gather(kernel: ir.Gather, fn: str) -> str:
+    grain = kernel.knob("grain", ELEMENTWISE_SCHEDULES[0]["grain"])
+    t, x = kernel.table, kernel.index
+    params, _ = _template_params(kernel)
+    cx = CExpr(load=lambda i: f"acg::load(p{i}[src + c])" if i == t else "g")
+    outs = [f"      q{k}[dst + c] = acg::store<{_ctype(o.dtype, k)}>({cx.render(o.expr)});"
+            for k, o in enumerate(kernel.outputs)]
+    lines = [f"template <{', '.join('class ' + p for p in params)}>",
+             f"AnychipStatus {fn}(const AnychipKernelCall* call) {{", *_prologue(kernel, kernel.name),
+             *_dense_inputs_outputs(kernel),
+             f"  const AnychipTensor& tab = call->inputs[{t}];",
+             f"  const int64_t n = acg::count(call->inputs[{x}]);",
+             *_axis(kernel),
+             "  int64_t pre = 1, post = 1;",
+             "  for (int d = 0; d < tab.rank; ++d) (d < axis ? pre : post) *= d == axis ? 1 : tab.shape[d];",
+             "  const int64_t span = tab.rank > 0 ? tab.shape[axis] : 1;",
+             *[f"  if (acg::count(call->outputs[{k}]) != pre * n * post) return acg::fail(call, \"{kernel.name}\", "
+               f"\"output {k} must have the table's shape with the index's dims at the axis\");"
+               for k in range(len(kernel.outputs))],
+             *_pointers(kernel), *_attrs(kernel),
+             f"  if (const char* e = acg::bad_index(p{x}, n, span)) return acg::fail(call, \"{kernel.name}\", e);",
+             f"#pragma omp parallel for num_threads(acg::threads(call)) if (pre * n * post >= {grain}) schedule(static)",
+             "  for (int64_t r = 0; r < pre * n; ++r) {",
+             f"    const int64_t g = p{x}[r % n];",
+             "    const int64_t src = ((r / n) * span + g) * post, dst = r * post;",
+             "    (void)g;",
+             "#pragma omp simd",
+             "    for (int64_t c = 0; c < post; ++c) {",
+             *cx.preload([o.expr for o in kernel.outputs], "      "), *outs,
+             "    }",
+             "  }",
+             "  return ANYCHIP_OK;",
+             "}"]
+    return "\n".join(lines)
+
+
+def render_scatter_add(kernel: ir.ScatterAdd, fn: str) -> str:
+    grain = kernel.knob("grain", ELEMENTWISE_SCHEDULES[0]["grain"])
+    s, x = kernel.source, kernel.index
+    params, _ = _template_params(kernel)
+    cx = CExpr(load=lambda i: f"acg::load(p{i}[i * post + c])" if i == s else "g")
+    sums = "\n".join(f"        acc{k}[g * post + c] += static_cast<float>({cx.render(o.expr)});"
+                     for k, o in enumerate(kernel.outputs))
+    lines = [f"template <{', '.join('class ' + p for p in params)}>",
+             f"AnychipStatus {fn}(const AnychipKernelCall* call) {{", *_prologue(kernel, kernel.name),
+             *_dense_inputs_outputs(kernel),
+             "  const AnychipTensor& out = call->outputs[0];",
+             f"  const int64_t n = acg::count(call->inputs[{x}]);",
+             "  if (out.rank < 1) return acg::fail(call, \"{0}\", \"output 0 must have at least one dim\");".format(kernel.name),
+             "  const int64_t rows = out.shape[0], post = rows > 0 ? acg::count(out) / rows : 0;",
+             *[f"  if (acg::count(call->outputs[{k}]) != rows * post) return acg::fail(call, \"{kernel.name}\", "
+               f"\"every output must have output 0's size\");" for k in range(len(kernel.outputs))],
+             f"  if (acg::count(call->inputs[{s}]) != n * post) return acg::fail(call, \"{kernel.name}\", "
+             f"\"input {s} must have the index's dims followed by the output's after its first\");",
+             *_pointers(kernel), *_attrs(kernel),
+             f"  if (const char* e = acg::bad_index(p{x}, n, rows)) return acg::fail(call, \"{kernel.name}\", e);"]
+    # Sums in float32: in the output itself when it is float32, else in a buffer rounded at the end.
+    for k, o in enumerate(kernel.outputs):
+        ct = _ctype(o.dtype, k)
+        lines += [f"  std::vector<float> buf{k}(std::is_same<{ct}, float>::value ? 0 : rows * post);",
+                  f"  float* acc{k} = std::is_same<{ct}, float>::value ? reinterpret_cast<float*>(q{k}) : buf{k}.data();",
+                  f"  std::memset(acc{k}, 0, sizeof(float) * rows * post);"]
+    lines += ["  // Column blocks are split among threads; each adds every index's row in index order.",
+              "  constexpr int64_t kBlock = 64;",
+              "  const int64_t blocks = (post + kBlock - 1) / kBlock;",
+              f"#pragma omp parallel for num_threads(acg::threads(call)) if (n * post >= {grain}) schedule(static)",
+              "  for (int64_t blk = 0; blk < blocks; ++blk) {",
+              "    const int64_t c0 = blk * kBlock, c1 = c0 + kBlock < post ? c0 + kBlock : post;",
+              "    for (int64_t i = 0; i < n; ++i) {",
+              f"      const int64_t g = p{x}[i];",
+              "#pragma omp simd",
+              "      for (int64_t c = c0; c < c1; ++c) {",
+              *cx.preload([o.expr for o in kernel.outputs], "        "), sums,
+              "      }",
+              "    }",
+              "  }"]
+    for k, o in enumerate(kernel.outputs):
+        ct = _ctype(o.dtype, k)
+        lines += [f"  if (!std::is_same<{ct}, float>::value)",
+                  f"    for (int64_t e = 0; e < rows * post; ++e) q{k}[e] = acg::store<{ct}>(acc{k}[e]);"]
+    lines += ["  return ANYCHIP_OK;", "}"]
+    return "\n".join(lines)
+
+
+def _flag(f: ir.Flag) -> str:
+    if f.attr is None:
+        return "true" if f.invert else "false"
+    on = f"(call->num_attrs > {f.attr} && call->attrs[{f.attr}] != 0.0)"
+    return f"!{on}" if f.invert else on
+
+
+def render_contraction(kernel: ir.Contraction, fn: str) -> str:
+    rows = kernel.knob("rows", CONTRACTION_SCHEDULES[0]["rows"])
+    cols = kernel.knob("cols", CONTRACTION_SCHEDULES[0]["cols"])
+    n_in = len(kernel.inputs)
+    name = kernel.name
+    batch = "call->outputs[0]" if kernel.batch < 0 else f"call->inputs[{kernel.batch}]"
+    # One product: C[group] = sum over its batches of A[b] B[b]. Work items are (group, block of
+    # rows, block of cols); a C element is summed over the contraction in order by one thread.
+    product = [
+        "template <class T>",
+        f"void {fn}_product(int nt, const acg::Batch& B, const AnychipTensor& ta, acg::Mat a, const AnychipTensor& tb,",
+        "                  acg::Mat b, const AnychipTensor& tc, acg::Mat c) {",
+        f"  constexpr int64_t kRows = {rows}, kCols = {cols};",
+        "  const int64_t m = c.rows, n = c.cols, len = a.cols;",
+        "  if (m == 0 || n == 0) return;",
+        "  std::vector<int64_t> keys;",
+        "  std::vector<std::vector<int64_t>> groups;",
+        "  B.groups(tc, &keys, &groups);",
+        "  const T* pa = static_cast<const T*>(ta.data);",
+        "  const T* pb = static_cast<const T*>(tb.data);",
+        "  T* pc = static_cast<T*>(tc.data);",
+        "  // B read in place when its rows are dense float32; when its columns are contiguous instead",
+        "  // (y^T stored as y), each C element is a dot product along them; else its rows are packed.",
+        "  const bool direct = std::is_same<T, float>::value && b.cs == 1;",
+        "  const bool dot = !direct && b.rs == 1;",
+        "  std::vector<float> packed(direct || dot ? 0 : static_cast<size_t>(B.count * len * n));",
+        "  if (!direct && !dot) {",
+        "#pragma omp parallel for num_threads(nt) schedule(static) if (B.count * len * n >= (1 << 15))",
+        "    for (int64_t bl = 0; bl < B.count * len; ++bl) {",
+        "      const int64_t base = B.offset(tb, bl / len) + (bl % len) * b.rs;",
+        "      float* dst = packed.data() + bl * n;",
+        "      for (int64_t j = 0; j < n; ++j) dst[j] = acg::load(pb[base + j * b.cs]);",
+        "    }",
+        "  }",
+        "  const int64_t row_blocks = (m + kRows - 1) / kRows, col_blocks = (n + kCols - 1) / kCols;",
+        "  const int64_t items = static_cast<int64_t>(groups.size()) * row_blocks * col_blocks;",
+        "#pragma omp parallel num_threads(nt) if (B.count * m * n * (len > 0 ? len : 1) >= (1 << 15))",
+        "  {",
+        "    std::vector<float> ap(static_cast<size_t>(kRows * (len > 0 ? len : 1)));",
+        "    std::vector<float> acc(static_cast<size_t>(kRows * kCols));",
+        "#pragma omp for schedule(static)",
+        "    for (int64_t item = 0; item < items; ++item) {",
+        "      const int64_t g = item / (row_blocks * col_blocks), rest = item % (row_blocks * col_blocks);",
+        "      const int64_t m0 = (rest / col_blocks) * kRows, n0 = (rest % col_blocks) * kCols;",
+        "      const int64_t mb = m - m0 < kRows ? m - m0 : kRows, nc = n - n0 < kCols ? n - n0 : kCols;",
+        "      std::fill(acc.begin(), acc.end(), 0.0f);",
+        "      for (const int64_t bt : groups[g]) {",
+        "        const int64_t abase = B.offset(ta, bt);",
+        "        for (int64_t i = 0; i < mb; ++i)",
+        "          for (int64_t l = 0; l < len; ++l) ap[i * len + l] = acg::load(pa[abase + (m0 + i) * a.rs + l * a.cs]);",
+        "        if (dot) {",
+        "          for (int64_t j = 0; j < nc; ++j) {",
+        "            const T* bj = pb + B.offset(tb, bt) + (n0 + j) * b.cs;",
+        "            for (int64_t i = 0; i < mb; ++i) acc[i * kCols + j] += acg::dot(ap.data() + i * len, bj, len);",
+        "          }",
+        "          continue;",
+        "        }",
+        "        const float* bs = direct ? reinterpret_cast<const float*>(pb) + B.offset(tb, bt) + n0",
+        "                                 : packed.data() + bt * len * n + n0;",
+        "        const int64_t ldb = direct ? b.rs : n;",
+        "        for (int64_t l = 0; l < len; ++l) {",
+        "          const float* brow = bs + l * ldb;",
+        "          for (int64_t i = 0; i < mb; ++i) {",
+        "            const float ai = ap[i * len + l];",
+        "            float* ci = acc.data() + i * kCols;",
+        "#pragma omp simd",
+        "            for (int64_t j = 0; j < nc; ++j) ci[j] += ai * brow[j];",
+        "          }",
+        "        }",
+        "      }",
+        "      for (int64_t i = 0; i < mb; ++i)",
+        "        for (int64_t j = 0; j < nc; ++j)",
+        "          pc[keys[g] + (m0 + i) * c.rs + (n0 + j) * c.cs] = acg::store<T>(acc[i * kCols + j]);",
+        "    }",
+        "  }",
+        "}"]
+    lines = [*product, "template <class T>", f"AnychipStatus {fn}(const AnychipKernelCall* call) {{",
+             *_prologue(kernel, name),
+             f"  for (int t = 0; t < {n_in + len(kernel.outputs)}; ++t)",
+             f"    if ((t < {n_in} ? call->inputs[t] : call->outputs[t - {n_in}]).rank < 2)",
+             f"      return acg::fail(call, \"{name}\", \"every tensor must be at least 2-D\");",
+             f"  const acg::Batch B({batch});",
+             f"  for (int t = 0; t < {n_in + len(kernel.outputs)}; ++t)",
+             f"    if (const char* e = B.misfit(t < {n_in} ? call->inputs[t] : call->outputs[t - {n_in}]))",
+             f"      return acg::fail(call, \"{name}\", e);"]
+    for k, o in enumerate(kernel.outputs):
+        pr = o.expr
+        lines += [f"  const acg::Mat a{k} = acg::mat(call->inputs[{pr.a}], {_flag(pr.ta)}), "
+                  f"b{k} = acg::mat(call->inputs[{pr.b}], {_flag(pr.tb)}), "
+                  f"c{k} = acg::mat(call->outputs[{k}], {_flag(pr.tout)});",
+                  f"  if (a{k}.cols != b{k}.rows || a{k}.rows != c{k}.rows || b{k}.cols != c{k}.cols)",
+                  f"    return acg::fail(call, \"{name}\", \"output {k}: the operands' matrices [M, K] and [K, N] "
+                  f"do not give its [M, N]\");"]
+    for k, o in enumerate(kernel.outputs):
+        pr = o.expr
+        lines.append(f"  {fn}_product<T>(acg::threads(call), B, call->inputs[{pr.a}], a{k}, call->inputs[{pr.b}], "
+                     f"b{k}, call->outputs[{k}], c{k});")
+    lines += ["  return ANYCHIP_OK;", "}"]
+    return "\n".join(lines)
+
+
+RENDERERS = {ir.Rows: render_rows, ir.Elementwise: render_elementwise, ir.Gather: render_gather,
+             ir.ScatterAdd: render_scatter_add, ir.Contraction: render_contraction}
+
+
 def _render_one(kernel, fn: str) -> str:
-    if isinstance(kernel, ir.Rows):
-        return render_rows(kernel, fn)
-    if isinstance(kernel, ir.Elementwise):
-        return render_elementwise(kernel, fn)
-    raise TypeError(f"kernel {kernel.name!r}: the c backend renders Elementwise and Rows, not {type(kernel).__name__}")
+    render = RENDERERS.get(type(kernel))
+    if render is None:
+        raise TypeError(f"kernel {kernel.name!r}: the c backend has no renderer for {type(kernel).__name__}")
+    return render(kernel, fn)
 
 
 def _export(kernel, dtype: str, call_of) -> list[str]:
@@ -480,4 +696,4 @@ def render_kernel(kernel) -> str:
         else:
             lines = _export(kernel, dtype, lambda args: f"k_{kernel.name}<{', '.join(args)}>(call)")
         parts.append("\n".join(lines))
-    return "#include <type_traits>\n" + "\n\n".join(parts) + "\n"
+    return "#include <algorithm>\n#include <type_traits>\n" + "\n\n".join(parts) + "\n"

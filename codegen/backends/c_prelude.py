@@ -165,7 +165,8 @@ inline int64_t count(const AnychipTensor& t) {
   return n;
 }
 
-inline bool dense(const AnychipTensor& t) {
+inline bool dense(const AnychipTensor& t) {  // an empty tensor addresses nothing: dense
+  if (count(t) == 0) return true;
   int64_t expect = 1;
   for (int d = t.rank - 1; d >= 0; --d) {
     if (t.shape[d] != 1 && t.strides[d] != expect) return false;
@@ -373,6 +374,93 @@ inline const char* row_dims_axes(const AnychipKernelCall* call, int attr, const 
 }
 
 inline int64_t part(int64_t n, int64_t parts, int64_t i) { return n * i / parts; }
+
+// ---- indexing (gather and scatter kernels) ------------------------------------------------
+
+// A message naming the first of idx[0..n) outside [0, limit), or nullptr.
+inline const char* bad_index(const int64_t* idx, int64_t n, int64_t limit) {
+  static thread_local char msg[160];
+  for (int64_t i = 0; i < n; ++i) {
+    if (idx[i] < 0 || idx[i] >= limit) {
+      std::snprintf(msg, sizeof msg, "index %lld at position %lld is outside [0, %lld)", (long long)idx[i],
+                    (long long)i, (long long)limit);
+      return msg;
+    }
+  }
+  return nullptr;
+}
+
+// ---- matrices and batches (contraction kernels) -------------------------------------------
+
+// The last two dims of a tensor as a matrix: element (r, c) at r * rs + c * cs; transposing
+// swaps the strides.
+struct Mat { int64_t rows, cols, rs, cs; };
+inline Mat mat(const AnychipTensor& t, bool transposed) {
+  const int r = t.rank;
+  Mat m{t.shape[r - 2], t.shape[r - 1], t.strides[r - 2], t.strides[r - 1]};
+  return transposed ? Mat{m.cols, m.rows, m.cs, m.rs} : m;
+}
+
+#ifndef __CUDACC__
+// sum of a[l] * b[l] over l < len, in 16 partial sums combined in order (vectorised along l).
+template <class T>
+inline float dot(const float* a, const T* b, int64_t len) {
+  float p[16] = {};
+  int64_t l = 0;
+  for (; l + 16 <= len; l += 16) {
+#pragma omp simd
+    for (int j = 0; j < 16; ++j) p[j] += a[l + j] * load(b[l + j]);
+  }
+  for (int j = 0; l + j < len; ++j) p[j] += a[l + j] * load(b[l + j]);
+  float s = p[0];
+  for (int j = 1; j < 16; ++j) s += p[j];
+  return s;
+}
+#endif
+
+// The batch: the leading dims of one tensor. Batch b of it lies in another tensor t whose own
+// leading dims are right-aligned with them; a dim t lacks or has as 1 is broadcast (offset 0).
+struct Batch {
+  int rank = 0;
+  int64_t shape[ANYCHIP_MAX_RANK] = {};
+  int64_t count = 1;
+
+  explicit Batch(const AnychipTensor& t) : rank(t.rank - 2) {
+    for (int d = 0; d < rank; ++d) count *= (shape[d] = t.shape[d]);
+  }
+  int64_t offset(const AnychipTensor& t, int64_t b) const {
+    int64_t off = 0;
+    for (int d = rank - 1; d >= 0; --d) {
+      const int64_t i = b % shape[d];
+      b /= shape[d];
+      const int e = d - (rank - (t.rank - 2));
+      if (e >= 0 && t.shape[e] != 1) off += i * t.strides[e];
+    }
+    return off;
+  }
+  // Why t's leading dims do not fit this batch, or nullptr.
+  const char* misfit(const AnychipTensor& t) const {
+    if (t.rank - 2 > rank) return "has more batch dims than the batch";
+    for (int e = 0; e < t.rank - 2; ++e) {
+      const int64_t size = t.shape[e], want = shape[e + rank - (t.rank - 2)];
+      if (size != 1 && size != want) return "has a batch dim that is neither 1 nor the batch's";
+    }
+    return nullptr;
+  }
+  // The batches grouped by where they land in t, groups in order of first appearance.
+  void groups(const AnychipTensor& t, std::vector<int64_t>* keys, std::vector<std::vector<int64_t>>* members) const {
+    for (int64_t b = 0; b < count; ++b) {
+      const int64_t key = offset(t, b);
+      size_t g = 0;
+      while (g < keys->size() && (*keys)[g] != key) ++g;
+      if (g == keys->size()) {
+        keys->push_back(key);
+        members->emplace_back();
+      }
+      (*members)[g].push_back(b);
+    }
+  }
+};
 
 }  // namespace acg
 """

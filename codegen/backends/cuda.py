@@ -1,7 +1,9 @@
-"""The ``cuda`` backend: CUDA C for NVIDIA GPUs. Elementwise kernels run one thread per output
-element (a grid-stride loop), row kernels one block per row with shared-memory reductions;
-``col_sum`` outputs (dweight) go through a per-row scratch summed per column in row order, so
-results do not depend on the launch shape. The exported ``AnychipKernelFn`` enqueues on
+"""The ``cuda`` backend: CUDA C for NVIDIA GPUs. Elementwise and gather kernels run one thread
+per output element (a grid-stride loop), row kernels one block per row with shared-memory
+reductions; ``col_sum`` outputs (dweight) go through a per-row scratch summed per column in row
+order, scatter-adds one thread per column adding the index's rows in order, and contractions a
+shared-memory tiled product per batch into a float32 scratch, batches added in order; so results
+do not depend on the launch shape. Indices are checked on the device; a bad one fails the call. The exported ``AnychipKernelFn`` enqueues on
 ``call->stream`` and returns (host_code=False). Built with ``nvcc -arch=sm_90``."""
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from .c_prelude import PRELUDE
 from .expr_c import CExpr, storage_type
 
 SCHEDULES = ({"block": 256}, {"block": 128}, {"block": 512})
+CONTRACTION_SCHEDULES = ({"tile": 16}, {"tile": 32})
 
 CUDA_PRELUDE = r"""
 #define ACG_HD __host__ __device__
@@ -56,6 +59,67 @@ __global__ void column_sum(const float* scratch, int64_t rows, int64_t len, S* o
 inline AnychipStatus launched(const AnychipKernelCall* call, const char* kernel) {
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? ANYCHIP_OK : fail(call, kernel, cudaGetErrorString(e));
+}
+
+// The first bad index a kernel met (-1: none); per library, reset before each indexed launch.
+static __device__ long long bad_index_seen;
+__device__ inline bool index_ok(int64_t g, int64_t limit) {
+  if (g >= 0 && g < limit) return true;
+  atomicCAS(reinterpret_cast<unsigned long long*>(&bad_index_seen), static_cast<unsigned long long>(-1LL),
+            static_cast<unsigned long long>(g));
+  return false;
+}
+inline void reset_bad_index(cudaStream_t s) {
+  const long long none = -1;
+  cudaMemcpyToSymbolAsync(bad_index_seen, &none, sizeof none, 0, cudaMemcpyHostToDevice, s);
+}
+// Waits for the stream (an index check cannot be answered before the kernel ran).
+inline AnychipStatus index_checked(const AnychipKernelCall* call, const char* kernel, cudaStream_t s, int64_t limit) {
+  long long seen = -1;
+  cudaMemcpyFromSymbolAsync(&seen, bad_index_seen, sizeof seen, 0, cudaMemcpyDeviceToHost, s);
+  if (cudaStreamSynchronize(s) != cudaSuccess) return launched(call, kernel);
+  if (seen < 0) return launched(call, kernel);
+  static thread_local char msg[160];
+  std::snprintf(msg, sizeof msg, "index %lld is outside [0, %lld)", seen, static_cast<long long>(limit));
+  return fail(call, kernel, msg);
+}
+
+// acc [m, n] (+)= A B for one batch: 2-D tiles of TILE x TILE, K walked in tiles through shared memory.
+template <int TILE, class T>
+__global__ void gemm_tile(const T* a, Mat am, const T* b, Mat bm, float* acc, int64_t m, int64_t n, int64_t len,
+                          bool first) {
+  __shared__ float as[TILE][TILE + 1], bs[TILE][TILE + 1];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t row = blockIdx.y * static_cast<int64_t>(TILE) + ty, col = blockIdx.x * static_cast<int64_t>(TILE) + tx;
+  float s = 0.0f;
+  for (int64_t k0 = 0; k0 < len; k0 += TILE) {
+    as[ty][tx] = row < m && k0 + tx < len ? load(a[row * am.rs + (k0 + tx) * am.cs]) : 0.0f;
+    bs[ty][tx] = k0 + ty < len && col < n ? load(b[(k0 + ty) * bm.rs + col * bm.cs]) : 0.0f;
+    __syncthreads();
+    for (int k = 0; k < TILE; ++k) s += as[ty][k] * bs[k][tx];
+    __syncthreads();
+  }
+  if (row < m && col < n) acc[row * n + col] = first ? s : acc[row * n + col] + s;
+}
+
+// C (an [m, n] view at c) = acc, rounded to C's dtype.
+template <class T>
+__global__ void store_matrix(const float* acc, int64_t m, int64_t n, T* c, Mat cm) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < m * n; e += step)
+    c[(e / n) * cm.rs + (e % n) * cm.cs] = store<T>(acc[e]);
+}
+
+template <class T>
+__global__ void store_all(const float* acc, int64_t count, T* out) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < count; e += step)
+    out[e] = store<T>(acc[e]);
+}
+
+inline unsigned grid_for(int64_t count, int block) {
+  const int64_t blocks = (count + block - 1) / block;
+  return static_cast<unsigned>(blocks < 65535 ? (blocks > 0 ? blocks : 1) : 65535);
 }
 }  // namespace acg
 """
@@ -106,7 +170,7 @@ class CudaBackend:
                 for k in kernels for dtype in k.dtypes}
 
     def schedules(self, kernel) -> tuple[dict, ...]:
-        return SCHEDULES
+        return CONTRACTION_SCHEDULES if isinstance(kernel, ir.Contraction) else SCHEDULES
 
     def toolchain(self) -> str:
         path = nvcc()
@@ -293,12 +357,173 @@ def render_rows(kernel: ir.Rows, fn: str) -> str:
     return "\n".join(lines)
 
 
+def _host_head(kernel, fn: str, tparams: str) -> list[str]:
+    n_in, n_out = len(kernel.inputs), len(kernel.outputs)
+    return [tparams, f"AnychipStatus {fn}(const AnychipKernelCall* call) {{",
+            f"  static const int32_t ids[] = {{{_ids(kernel)}}};",
+            f"  if (const char* e = acg::check(call, {n_in}, {n_out}, ids)) return acg::fail(call, \"{kernel.name}\", e);",
+            f"  for (int t = 0; t < {n_in + n_out}; ++t)",
+            f"    if (!acg::dense(t < {n_in} ? call->inputs[t] : call->outputs[t - {n_in}]))",
+            f"      return acg::fail(call, \"{kernel.name}\", \"its tensors must be dense\");",
+            "  cudaStream_t stream = reinterpret_cast<cudaStream_t>(call->stream);"]
+
+
+def render_gather(kernel: ir.Gather, fn: str) -> str:
+    block = kernel.knob("block", SCHEDULES[0]["block"])
+    t, x = kernel.table, kernel.index
+    params, _ = _template_params(kernel)
+    tparams, targs, struct = f"template <{', '.join('class ' + p for p in params)}>", ", ".join(params), f"A_{fn}"
+    cx = CExpr(load=lambda i: f"acg::load(p{i}[src])" if i == t else "g")
+    axis = (["  const int64_t axis = 0;"] if kernel.axis_attr is None else
+            [f"  int64_t axis = call->num_attrs > {kernel.axis_attr} ? static_cast<int64_t>(call->attrs[{kernel.axis_attr}]) : 0;",
+             "  if (axis < 0) axis += tab.rank;",
+             f"  if (axis < 0 || axis >= tab.rank) return acg::fail(call, \"{kernel.name}\", \"axis attr out of range\");"])
+    lines = [*_args_struct(kernel, struct, ["  int64_t n, pre, post, span;"]), tparams,
+             f"__global__ void g_{fn}({struct}<{targs}> A) {{", *_unpack(kernel),
+             "  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;",
+             "  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < A.pre * A.n * A.post; e += step) {",
+             "    const int64_t r = e / A.post, c = e % A.post;",
+             f"    const int64_t g = p{x}[r % A.n];",
+             "    if (!acg::index_ok(g, A.span)) continue;",
+             "    const int64_t src = ((r / A.n) * A.span + g) * A.post + c;",
+             *cx.preload([o.expr for o in kernel.outputs], "    "),
+             *[f"    q{k}[e] = acg::store<{_ctype(o.dtype, k)}>({cx.render(o.expr)});" for k, o in enumerate(kernel.outputs)],
+             "  }", "}",
+             *_host_head(kernel, fn, tparams),
+             f"  const AnychipTensor& tab = call->inputs[{t}];", *axis,
+             f"  {struct}<{targs}> A;",
+             f"  A.n = acg::count(call->inputs[{x}]);",
+             "  A.pre = 1, A.post = 1;",
+             "  for (int d = 0; d < tab.rank; ++d) (d < axis ? A.pre : A.post) *= d == axis ? 1 : tab.shape[d];",
+             "  A.span = tab.rank > 0 ? tab.shape[axis] : 1;",
+             *[f"  if (acg::count(call->outputs[{k}]) != A.pre * A.n * A.post) return acg::fail(call, \"{kernel.name}\", "
+               f"\"output {k} must have the table's shape with the index's dims at the axis\");" for k in range(len(kernel.outputs))],
+             "  if (A.pre * A.n * A.post == 0) return ANYCHIP_OK;",
+             *_host_fill(kernel),
+             "  acg::reset_bad_index(stream);",
+             f"  g_{fn}<{targs}><<<acg::grid_for(A.pre * A.n * A.post, {block}), {block}, 0, stream>>>(A);",
+             f"  return acg::index_checked(call, \"{kernel.name}\", stream, A.span);", "}"]
+    return "\n".join(lines)
+
+
+def render_scatter_add(kernel: ir.ScatterAdd, fn: str) -> str:
+    block = kernel.knob("block", SCHEDULES[0]["block"])
+    s, x = kernel.source, kernel.index
+    params, _ = _template_params(kernel)
+    tparams, targs, struct = f"template <{', '.join('class ' + p for p in params)}>", ", ".join(params), f"A_{fn}"
+    cx = CExpr(load=lambda i: f"acg::load(p{i}[i * A.post + c])" if i == s else "g")
+    n_out = len(kernel.outputs)
+    lines = [*_args_struct(kernel, struct, ["  int64_t n, rows, post;", f"  float* acc[{n_out}];"]), tparams,
+             f"__global__ void g_{fn}({struct}<{targs}> A) {{", *_unpack(kernel),
+             "  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;",
+             "  if (c >= A.post) return;",
+             "  for (int64_t i = 0; i < A.n; ++i) {",
+             f"    const int64_t g = p{x}[i];",
+             "    if (!acg::index_ok(g, A.rows)) continue;",
+             *cx.preload([o.expr for o in kernel.outputs], "    "),
+             *[f"    A.acc[{k}][g * A.post + c] += static_cast<float>({cx.render(o.expr)});" for k, o in enumerate(kernel.outputs)],
+             "  }", "}",
+             *_host_head(kernel, fn, tparams),
+             "  const AnychipTensor& out = call->outputs[0];",
+             f"  if (out.rank < 1) return acg::fail(call, \"{kernel.name}\", \"output 0 must have at least one dim\");",
+             f"  {struct}<{targs}> A;",
+             f"  A.n = acg::count(call->inputs[{x}]);",
+             "  A.rows = out.shape[0];",
+             "  A.post = A.rows > 0 ? acg::count(out) / A.rows : 0;",
+             f"  if (acg::count(call->inputs[{s}]) != A.n * A.post) return acg::fail(call, \"{kernel.name}\", "
+             f"\"input {s} must have the index's dims followed by the output's after its first\");",
+             *_host_fill(kernel),
+             "  const int64_t count = A.rows * A.post;",
+             "  if (count == 0) return ANYCHIP_OK;"]
+    # float32 outputs are summed in place; others in a float32 scratch rounded at the end
+    for k, o in enumerate(kernel.outputs):
+        ct = _ctype(o.dtype, k)
+        lines += [f"  A.acc[{k}] = reinterpret_cast<float*>(A.q{k});",
+                  f"  if (!std::is_same<{ct}, float>::value && cudaMallocAsync(reinterpret_cast<void**>(&A.acc[{k}]), "
+                  "sizeof(float) * count, stream) != cudaSuccess)",
+                  f"    return acg::fail(call, \"{kernel.name}\", \"out of device memory for the sums\");",
+                  f"  cudaMemsetAsync(A.acc[{k}], 0, sizeof(float) * count, stream);"]
+    lines += ["  acg::reset_bad_index(stream);",
+              f"  g_{fn}<{targs}><<<acg::grid_for(A.post, {block}), {block}, 0, stream>>>(A);"]
+    for k, o in enumerate(kernel.outputs):
+        ct = _ctype(o.dtype, k)
+        lines += [f"  if (!std::is_same<{ct}, float>::value) {{",
+                  f"    acg::store_all<<<acg::grid_for(count, 256), 256, 0, stream>>>(A.acc[{k}], count, A.q{k});",
+                  f"    cudaFreeAsync(A.acc[{k}], stream);", "  }"]
+    lines += [f"  return acg::index_checked(call, \"{kernel.name}\", stream, A.rows);", "}"]
+    return "\n".join(lines)
+
+
+def render_contraction(kernel: ir.Contraction, fn: str) -> str:
+    from .c import _flag
+
+    tile = kernel.knob("tile", CONTRACTION_SCHEDULES[0]["tile"])
+    n_in, n_out = len(kernel.inputs), len(kernel.outputs)
+    name = kernel.name
+    batch = "call->outputs[0]" if kernel.batch < 0 else f"call->inputs[{kernel.batch}]"
+    product = [
+        "template <class T>",
+        f"AnychipStatus {fn}_product(const AnychipKernelCall* call, cudaStream_t stream, const acg::Batch& B,",
+        "                          const AnychipTensor& ta, acg::Mat a, const AnychipTensor& tb, acg::Mat b,",
+        "                          const AnychipTensor& tc, acg::Mat c) {",
+        "  const int64_t m = c.rows, n = c.cols, len = a.cols;",
+        "  if (m == 0 || n == 0) return ANYCHIP_OK;",
+        "  std::vector<int64_t> keys;",
+        "  std::vector<std::vector<int64_t>> groups;",
+        "  B.groups(tc, &keys, &groups);",
+        "  float* acc = nullptr;",
+        "  if (cudaMallocAsync(reinterpret_cast<void**>(&acc), sizeof(float) * m * n, stream) != cudaSuccess)",
+        f"    return acg::fail(call, \"{name}\", \"out of device memory for the product\");",
+        f"  const dim3 threads({tile}, {tile}), grid(static_cast<unsigned>((n + {tile - 1}) / {tile}), "
+        f"static_cast<unsigned>((m + {tile - 1}) / {tile}));",
+        "  for (size_t g = 0; g < groups.size(); ++g) {",
+        "    if (len == 0) cudaMemsetAsync(acc, 0, sizeof(float) * m * n, stream);",
+        "    for (size_t j = 0; j < groups[g].size() && len > 0; ++j) {",
+        "      const int64_t bt = groups[g][j];",
+        f"      acg::gemm_tile<{tile}><<<grid, threads, 0, stream>>>(static_cast<const T*>(ta.data) + B.offset(ta, bt), a,",
+        "          static_cast<const T*>(tb.data) + B.offset(tb, bt), b, acc, m, n, len, j == 0);",
+        "    }",
+        "    acg::store_matrix<<<acg::grid_for(m * n, 256), 256, 0, stream>>>(acc, m, n, static_cast<T*>(tc.data) + keys[g], c);",
+        "  }",
+        "  cudaFreeAsync(acc, stream);",
+        f"  return acg::launched(call, \"{name}\");",
+        "}"]
+    lines = [*product, "template <class T>", f"AnychipStatus {fn}(const AnychipKernelCall* call) {{",
+             f"  static const int32_t ids[] = {{{_ids(kernel)}}};",
+             f"  if (const char* e = acg::check(call, {n_in}, {n_out}, ids)) return acg::fail(call, \"{name}\", e);",
+             f"  for (int t = 0; t < {n_in + n_out}; ++t)",
+             f"    if ((t < {n_in} ? call->inputs[t] : call->outputs[t - {n_in}]).rank < 2)",
+             f"      return acg::fail(call, \"{name}\", \"every tensor must be at least 2-D\");",
+             f"  const acg::Batch B({batch});",
+             f"  for (int t = 0; t < {n_in + n_out}; ++t)",
+             f"    if (const char* e = B.misfit(t < {n_in} ? call->inputs[t] : call->outputs[t - {n_in}]))",
+             f"      return acg::fail(call, \"{name}\", e);",
+             "  cudaStream_t stream = reinterpret_cast<cudaStream_t>(call->stream);"]
+    for k, o in enumerate(kernel.outputs):
+        pr = o.expr
+        lines += [f"  const acg::Mat a{k} = acg::mat(call->inputs[{pr.a}], {_flag(pr.ta)}), "
+                  f"b{k} = acg::mat(call->inputs[{pr.b}], {_flag(pr.tb)}), "
+                  f"c{k} = acg::mat(call->outputs[{k}], {_flag(pr.tout)});",
+                  f"  if (a{k}.cols != b{k}.rows || a{k}.rows != c{k}.rows || b{k}.cols != c{k}.cols)",
+                  f"    return acg::fail(call, \"{name}\", \"output {k}: the operands' matrices [M, K] and [K, N] "
+                  "do not give its [M, N]\");"]
+    for k, o in enumerate(kernel.outputs):
+        pr = o.expr
+        lines += [f"  if (AnychipStatus s = {fn}_product<T>(call, stream, B, call->inputs[{pr.a}], a{k}, "
+                  f"call->inputs[{pr.b}], b{k}, call->outputs[{k}], c{k}); s != ANYCHIP_OK) return s;"]
+    lines += ["  return ANYCHIP_OK;", "}"]
+    return "\n".join(lines)
+
+
+RENDERERS = {ir.Rows: render_rows, ir.Elementwise: render_elementwise, ir.Gather: render_gather,
+             ir.ScatterAdd: render_scatter_add, ir.Contraction: render_contraction}
+
+
 def _render_one(kernel, fn: str) -> str:
-    if isinstance(kernel, ir.Rows):
-        return render_rows(kernel, fn)
-    if isinstance(kernel, ir.Elementwise):
-        return render_elementwise(kernel, fn)
-    raise TypeError(f"kernel {kernel.name!r}: the cuda backend renders Elementwise and Rows, not {type(kernel).__name__}")
+    render = RENDERERS.get(type(kernel))
+    if render is None:
+        raise TypeError(f"kernel {kernel.name!r}: the cuda backend has no renderer for {type(kernel).__name__}")
+    return render(kernel, fn)
 
 
 def render_kernel(kernel) -> str:
@@ -319,4 +544,4 @@ def render_kernel(kernel) -> str:
         else:
             lines = _export(kernel, dtype, lambda args: f"k_{kernel.name}<{', '.join(args)}>(call)")
         parts.append("\n".join(lines))
-    return "\n\n".join(parts) + "\n"
+    return "#include <type_traits>\n" + "\n\n".join(parts) + "\n"

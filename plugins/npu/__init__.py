@@ -1,13 +1,14 @@
 """Huawei Ascend NPU. Binds Ascend ACL when present; until then, the simulator with 910B traits.
 
-Its base ops and its RMSNorm come from CodeGen (``anychip_codegen``, the ``c`` backend: the
-simulator's memory is host memory): no hand-written kernel for those. The library is built the
-first time the plugin registers its kernels and cached; a build failure disables only the
-generated kernels, with the reason listed by ``anychip devices``.
+Every base op (matmul, embedding and index_select included) and its RMSNorm come from CodeGen
+(``anychip_codegen``, the ``c`` backend: the simulator's memory is host memory): no hand-written
+kernel for those. The library is built the first time the plugin registers its kernels and
+cached; a build failure disables only the generated kernels, with the reason listed by
+``anychip devices``.
 """
 
 import anychip
-from anychip_plugins.cpu.host_kernels import register_base_kernels, register_host_kernels
+from anychip_plugins.cpu.host_kernels import register_host_kernels
 
 TRAITS = anychip.ChipTraits(
     model="Ascend 910B", vendor="Huawei", memory_bytes=64 << 30, compute_capability=0,
@@ -27,10 +28,8 @@ def anychip_register_kernels(registry):
     import anychip_codegen
 
     generated = {k.name for k in anychip_codegen.ops.all_kernels()}
-    # The fused ops CodeGen does not describe (attention, linear, ...) and the base ops it does
-    # not (matmul, embedding, index_select) stay the shared host kernels for now.
+    # The fused ops CodeGen does not describe (attention, linear, ...) stay the shared host kernels.
     register_host_kernels(registry, "npu", TRAITS.dtypes, exclude=generated)
-    register_base_kernels(registry, "npu", TRAITS.dtypes, exclude=generated)
     # Last: a build failure raised here leaves the registrations above in place.
     library = anychip_codegen.generate("npu_kernels", anychip_codegen.ops.library(TRAITS.dtypes), "c")
     anychip_codegen.register(registry, "npu", library)
