@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-SMOKE_OPS = ("rms_norm", "softmax", "add", "exp", "multiply")
+SMOKE_OPS = ("rms_norm", "softmax", "add", "exp", "multiply", "matmul")
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,9 @@ def test_calls_count_bytes_and_broadcast_by_stride_zero(bc):
     assert col.views(col.make_inputs(np.random.default_rng(0)))[1].strides == (4, 0)
     assert not bc.binary_call("multiply", (8, 16)).broadcast
     for case, call in bc.KERNEL_CASES:
-        assert case.amount == call.bytes() and call.op in case.name
+        amount = bc.matmul_flops(call) if case.kind == "compute" else call.bytes()
+        assert case.amount == amount and call.op in case.name
+    assert bc.matmul_flops(bc.matmul_call(3, 5, 7, transpose_y=True)) == 2 * 3 * 5 * 7
 
 
 def test_time_within_target(bc):
@@ -93,7 +95,8 @@ def test_tiny_build_hits_register_and_kernels(bc, tmp_path):
 
     calls = [bc.rms_norm_call(6, 40), bc.softmax_call(5, 33), bc.binary_call("add", (4, 50)),
              bc.binary_call("add", (4, 50), (50,)), bc.binary_call("add", (4, 50), (4, 1)),
-             bc.unary_call("exp", (3, 70)), bc.binary_call("multiply", (4, 50))]
+             bc.unary_call("exp", (3, 70)), bc.binary_call("multiply", (4, 50)), bc.matmul_call(5, 40, 33),
+             bc.matmul_call(1, 40, 70, transpose_y=True)]
     for call in calls:
         generated, handwritten = bc.generated_kernel(library, call.op), bc.handwritten_kernel(call.op)
         bc.check_same_result(call, generated, handwritten)
