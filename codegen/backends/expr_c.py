@@ -13,9 +13,9 @@ _STORAGE = {"float32": "float", "float64": "double", "bfloat16": "acg::bf16", "f
             "int32": "int32_t", "int64": "int64_t", "bool": "acg::b8"}
 
 # Float math through the C library's float functions, the same names in C++ and CUDA device
-# code (only float dtypes reach them: compute is float32), except e^x: acg::exp, which
-# vectorises on the host (the prelude says why) and is expf on CUDA.
-_UNARY = {"exp": "acg::exp({})", "log": "logf({})", "sqrt": "sqrtf({})", "rsqrt": "acg::rsqrt({})",
+# code (only float dtypes reach them: compute is float32), except e^x: ACG_EXP, which
+# vectorises on the host (the prelude says how) and is expf on CUDA.
+_UNARY = {"exp": "ACG_EXP({})", "log": "logf({})", "sqrt": "sqrtf({})", "rsqrt": "acg::rsqrt({})",
           "sigmoid": "acg::sigmoid({})", "tanh": "tanhf({})", "silu": "acg::silu({})",
           "abs": "fabsf({})", "neg": "(-{})"}
 _BINARY = {"add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "div": "({} / {})",
