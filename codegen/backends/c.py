@@ -426,6 +426,7 @@ def render_rows(kernel: ir.Rows, fn: str) -> str:
                       f"    q{k}[c] = acg::store<{_ctype(outs[k].dtype, k)}>(s);",
                       "  }"]
     else:
+        lines += _pipelined(kernel)
         lines += [f"#pragma omp parallel for num_threads(nt) if (R.rows * len >= {grain}) schedule({schedule})",
                   "  for (int64_t r = 0; r < R.rows; ++r) {",
                   "    float* cs = nullptr;",
@@ -433,6 +434,133 @@ def render_rows(kernel: ir.Rows, fn: str) -> str:
                   "  }"]
     lines += ["  (void)row_len;", "  return ANYCHIP_OK;", "}"]
     return "\n".join(lines)
+
+
+PIPELINE_CHUNK = 256  # elements of a row written per non-temporal burst in the pipelined path
+
+
+def _pipelined(kernel: ir.Rows) -> list[str]:
+    """For a kernel with one level of reductions (RMSNorm), the path taken by large unit-step
+    outputs: each thread walks its contiguous rows, and while it writes row r (in chunks, out
+    through non-temporal stores) it reads row r + 1 and reduces it, so that DRAM is read and
+    written at once; one row after another, a thread left it idle for half of each row (RMSNorm
+    [4096, 4096] from DRAM: 4.5 -> 3.6 ms in a standalone test). Each reduction sums the same
+    elements in the same lanes and order as the plain path: results are identical. Empty when
+    the kernel does not fit (more levels, col_sum outputs, RowAt, no row outputs)."""
+    ins, outs = kernel.inputs, kernel.outputs
+    levels = _reductions(kernel)
+    row_outs = [k for k, o in enumerate(outs) if o.role == "row"]
+    if (len(levels) != 1 or not row_outs or any(o.role == "col_sum" for o in outs)
+            or any(isinstance(n, ir.RowAt) for o in outs for n in ir.walk(o.expr))):
+        return []
+
+    def loader(base: str, row: str):
+        def load(i):
+            role = ins[i].role
+            if role == "row":
+                return f"acg::load(p{i}[{base}{i} + c])"
+            return f"acg::load(p{i}[c])" if role == "col" else f"acg::load(p{i}[{row}])"
+        return load
+
+    reds = levels[0]
+    names = {red: f"red0_{j}" for j, red in enumerate(reds)}
+    hoisted = _row_invariants([o.expr for o in outs], names)
+    hx = CExpr(load=loader("b", "r"), reduced=names)
+    ox = CExpr(load=loader("b", "r"), reduced={**names, **hoisted})
+    first = CExpr(load=loader("n", "rn"), prefix="u")  # the reductions read the next row (the first: r0)
+
+    def accumulate(indent: str, guard: str | None) -> list[str]:
+        out = []
+        for red, nm in names.items():
+            value = first.render(red.x)
+            new = f"{nm}_p[j] + ({value})" if red.op == "sum" else f"acg::vmax({nm}_p[j], static_cast<float>({value}))"
+            out.append(f"{indent}{nm}_p[j] = {new};" if guard is None else f"{indent}{nm}_p[j] = {guard} ? {new} : {nm}_p[j];")
+        return out
+
+    def reset() -> list[str]:
+        return [f"      for (int j = 0; j < 16; ++j) {nm}_p[j] = {'0.0f' if red.op == 'sum' else '-INFINITY'};"
+                for red, nm in names.items()]
+
+    def combine() -> list[str]:
+        out = []
+        for red, nm in names.items():
+            out.append(f"      {nm} = {nm}_p[0];")
+            out.append(f"      for (int j = 1; j < 16; ++j) {nm} = " +
+                       (f"{nm} + {nm}_p[j];" if red.op == "sum" else f"acg::vmax({nm}, {nm}_p[j]);"))
+        return out
+
+    def blocks(lo: str, hi: str, with_outputs: bool) -> list[str]:
+        """Elements [lo, hi) in blocks of 16 (element c in lane c % 16), the last block masked."""
+        def element(guard):
+            out = []
+            exprs = [o.expr for _k, o in per_element] if with_outputs else []
+            out += ox.preload(exprs, "          ")
+            out += first.preload([red.x for red in reds], "          ")
+            for k, o in per_element if with_outputs else ():
+                store = f"w{k}[c - {lo}] = acg::store<{_ctype(o.dtype, k)}>({ox.render(o.expr)});"
+                out.append(f"          {store}" if guard is None else f"          if ({guard}) {store}")
+            return out + accumulate("          ", guard)
+        return [f"      for (int64_t cb = {lo}; cb < {hi}; cb += 16) {{",
+                f"        if (cb + 16 <= {hi}) {{",
+                "#pragma omp simd",
+                "          for (int j = 0; j < 16; ++j) {",
+                "          const int64_t c = cb + j;",
+                *element(None),
+                "          }",
+                "        } else {",
+                "#pragma omp simd",
+                "          for (int j = 0; j < 16; ++j) {",
+                f"          const bool live = cb + j < {hi};",
+                f"          const int64_t c = live ? cb + j : {hi} - 1;",
+                *element("live"),
+                "          }",
+                "        }",
+                "      }"]
+
+    per_element = [(k, outs[k]) for k in row_outs]
+    row_bytes = " + ".join(f"sizeof({_ctype(outs[k].dtype, k)})" for k in row_outs)
+    row_in = [i for i, a in enumerate(ins) if a.role == "row"]
+    lines = ["  auto pipelined = [&](int64_t r0, int64_t r1) {",
+             f"    constexpr int64_t kChunk = {PIPELINE_CHUNK};",
+             "    thread_local std::vector<unsigned char> chunk;  // this thread's outputs on their way out",
+             f"    if (chunk.size() < static_cast<size_t>(kChunk * ({row_bytes}))) chunk.resize(kChunk * ({row_bytes}));"]
+    for j, k in enumerate(row_outs):
+        before = " + ".join(f"sizeof({_ctype(outs[i].dtype, i)})" for i in row_outs[:j]) or "0"
+        lines.append(f"    {_ctype(outs[k].dtype, k)}* w{k} = reinterpret_cast<{_ctype(outs[k].dtype, k)}*>"
+                     f"(chunk.data() + kChunk * ({before}));")
+    lines += [*[f"    float {nm}_p[16], {nm} = 0.0f;" for nm in names.values()],
+              "    if (r0 >= r1) return;",
+              "    {",
+              "      const int64_t rn = r0;",
+              *[f"      const int64_t n{i} = R.row_offset(st{i}, rn);" for i in row_in],
+              *reset(), *blocks("0", "len", False), *combine(),
+              "    }",
+              "    for (int64_t r = r0; r < r1; ++r) {",
+              "      const int64_t rn = r + 1 < r1 ? r + 1 : r;  // the last row reduces itself again, unused",
+              *[f"      const int64_t b{i} = R.row_offset(st{i}, r), n{i} = R.row_offset(st{i}, rn);" for i in row_in],
+              *[f"      const int64_t c{k} = R.row_offset(su{k}, r);" for k in row_outs],
+              *[f"      const auto {nm} = {hx.render(e)};" for e, nm in hoisted.items()],
+              *reset(),
+              "      for (int64_t g0 = 0; g0 < len; g0 += kChunk) {  // a chunk: elements [g0, ge)",
+              "        const int64_t ge = g0 + kChunk < len ? g0 + kChunk : len;",
+              *["  " + line for line in blocks("g0", "ge", True)],
+              *[f"        acg::stream_bytes(q{k} + c{k} + g0, w{k}, (ge - g0) * static_cast<int64_t>(sizeof(*w{k})), false);"
+                for k in row_outs],
+              "      }"]
+    for k, o in enumerate(outs):
+        if o.role == "per_row":
+            lines += ["      {", *ox.preload([o.expr], "        "),
+                      f"        q{k}[r] = acg::store<{_ctype(o.dtype, k)}>({ox.render(o.expr)});", "      }"]
+    lines += [*combine(), "    }", "    _mm_sfence();", "  };",
+              "  if (unit && stream) {",
+              "#pragma omp parallel num_threads(nt)",
+              "    {",
+              "      const int t = omp_get_thread_num(), tn = omp_get_num_threads();",
+              "      pipelined(acg::part(R.rows, tn, t), acg::part(R.rows, tn, t + 1));",
+              "    }",
+              "    return ANYCHIP_OK;",
+              "  }"]
+    return lines
 
 
 def _row_invariants(exprs, computed: dict) -> dict:

@@ -241,9 +241,10 @@ inline const char* check(const AnychipKernelCall* call, int nin, int nout, const
 // memory (a third of a row kernel's traffic); smaller ones stay in the cache for the next op.
 constexpr int64_t kStreamMinBytes = int64_t{8} << 20;
 
-// bytes from src to dst, the 64-byte-aligned middle with non-temporal stores, then a fence so
-// that they are ordered before this thread's later stores.
-inline void stream_bytes(void* dst, const void* src, int64_t bytes) {
+// bytes from src to dst, the 64-byte-aligned middle with non-temporal stores, then (`fence`) a
+// fence so that they are ordered before this thread's later stores; a caller streaming many
+// pieces fences once at the end.
+inline void stream_bytes(void* dst, const void* src, int64_t bytes, bool fence = true) {
   auto* d = static_cast<char*>(dst);
   const auto* s = static_cast<const char*>(src);
   int64_t head = static_cast<int64_t>((64 - reinterpret_cast<uintptr_t>(d) % 64) % 64);
@@ -258,7 +259,7 @@ inline void stream_bytes(void* dst, const void* src, int64_t bytes) {
     _mm_stream_si128(reinterpret_cast<__m128i*>(d), _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
 #endif
   memcpy(d, s, static_cast<size_t>(bytes));
-  _mm_sfence();
+  if (fence) _mm_sfence();
 }
 #endif
 

@@ -45,8 +45,9 @@ class CExpr:
 
     def __init__(self, load: Callable[[int], str], reduced: dict | None = None,
                  row_at: Callable[[int, str], str] | None = None,
-                 position: str = "c"):
+                 position: str = "c", prefix: str = "v"):
         self.position = position
+        self.prefix = prefix  # of the loaded inputs' locals: two renderers can share a loop
         self.load_of = load
         self.reduced = reduced or {}
         self.row_at = row_at
@@ -67,14 +68,14 @@ class CExpr:
         seen: list[int] = []
         for e in exprs:
             self._inputs(e, seen)
-        return [f"{indent}const auto v{i} = {self.load_of(i)};" for i in sorted(seen)]
+        return [f"{indent}const auto {self.prefix}{i} = {self.load_of(i)};" for i in sorted(seen)]
 
     def render(self, e) -> str:
         r = self.render
         if e in self.reduced:
             return self.reduced[e]
         if isinstance(e, ir.Input):
-            return f"v{e.index}"
+            return f"{self.prefix}{e.index}"
         if isinstance(e, ir.Const):
             return float_literal(e.value)
         if isinstance(e, ir.Attr):
