@@ -700,12 +700,33 @@ def _flag(f: ir.Flag) -> str:
     return f"!{on}" if f.invert else on
 
 
+def _contraction_operands(kernel: ir.Contraction) -> list[str]:
+    """The checks every backend's contraction makes before it launches (ranks, batch dims,
+    matrix shapes), declaring `B` (the batch) and each output k's matrices `a<k>`, `b<k>`, `c<k>`."""
+    name, n_in, nt = kernel.name, len(kernel.inputs), len(kernel.inputs) + len(kernel.outputs)
+    batch = "call->outputs[0]" if kernel.batch < 0 else f"call->inputs[{kernel.batch}]"
+    lines = [f"  for (int t = 0; t < {nt}; ++t)",
+             f"    if ((t < {n_in} ? call->inputs[t] : call->outputs[t - {n_in}]).rank < 2)",
+             f"      return acg::fail(call, \"{name}\", \"every tensor must be at least 2-D\");",
+             f"  const acg::Batch B({batch});",
+             f"  for (int t = 0; t < {nt}; ++t)",
+             f"    if (const char* e = B.misfit(t < {n_in} ? call->inputs[t] : call->outputs[t - {n_in}]))",
+             f"      return acg::fail(call, \"{name}\", e);"]
+    for k, o in enumerate(kernel.outputs):
+        pr = o.expr
+        lines += [f"  const acg::Mat a{k} = acg::mat(call->inputs[{pr.a}], {_flag(pr.ta)}), "
+                  f"b{k} = acg::mat(call->inputs[{pr.b}], {_flag(pr.tb)}), "
+                  f"c{k} = acg::mat(call->outputs[{k}], {_flag(pr.tout)});",
+                  f"  if (a{k}.cols != b{k}.rows || a{k}.rows != c{k}.rows || b{k}.cols != c{k}.cols)",
+                  f"    return acg::fail(call, \"{name}\", \"output {k}: the operands' matrices [M, K] and [K, N] "
+                  "do not give its [M, N]\");"]
+    return lines
+
+
 def render_contraction(kernel: ir.Contraction, fn: str) -> str:
     rows = kernel.knob("rows", CONTRACTION_SCHEDULES[0]["rows"])
     cols = kernel.knob("cols", CONTRACTION_SCHEDULES[0]["cols"])
-    n_in = len(kernel.inputs)
     name = kernel.name
-    batch = "call->outputs[0]" if kernel.batch < 0 else f"call->inputs[{kernel.batch}]"
     # One product: C[group] = sum over its batches of A[b] B[b]. Work items are (group, block of
     # rows, block of cols); a C element is summed over the contraction in order by one thread.
     product = [
@@ -777,22 +798,7 @@ def render_contraction(kernel: ir.Contraction, fn: str) -> str:
         "  }",
         "}"]
     lines = [*product, "template <class T>", f"AnychipStatus {fn}(const AnychipKernelCall* call) {{",
-             *_prologue(kernel, name),
-             f"  for (int t = 0; t < {n_in + len(kernel.outputs)}; ++t)",
-             f"    if ((t < {n_in} ? call->inputs[t] : call->outputs[t - {n_in}]).rank < 2)",
-             f"      return acg::fail(call, \"{name}\", \"every tensor must be at least 2-D\");",
-             f"  const acg::Batch B({batch});",
-             f"  for (int t = 0; t < {n_in + len(kernel.outputs)}; ++t)",
-             f"    if (const char* e = B.misfit(t < {n_in} ? call->inputs[t] : call->outputs[t - {n_in}]))",
-             f"      return acg::fail(call, \"{name}\", e);"]
-    for k, o in enumerate(kernel.outputs):
-        pr = o.expr
-        lines += [f"  const acg::Mat a{k} = acg::mat(call->inputs[{pr.a}], {_flag(pr.ta)}), "
-                  f"b{k} = acg::mat(call->inputs[{pr.b}], {_flag(pr.tb)}), "
-                  f"c{k} = acg::mat(call->outputs[{k}], {_flag(pr.tout)});",
-                  f"  if (a{k}.cols != b{k}.rows || a{k}.rows != c{k}.rows || b{k}.cols != c{k}.cols)",
-                  f"    return acg::fail(call, \"{name}\", \"output {k}: the operands' matrices [M, K] and [K, N] "
-                  f"do not give its [M, N]\");"]
+             *_prologue(kernel, name), *_contraction_operands(kernel)]
     for k, o in enumerate(kernel.outputs):
         pr = o.expr
         lines.append(f"  {fn}_product<T>(acg::threads(call), B, call->inputs[{pr.a}], a{k}, call->inputs[{pr.b}], "

@@ -14,7 +14,8 @@ import shutil
 import subprocess
 
 from .. import ir
-from .c import _attrs, _ctype, _ids, _reductions, _template_params, header_digest, include_dir, symbol
+from .c import (_attrs, _axis, _contraction_operands, _ctype, _ids, _reductions, _template_params, header_digest,
+                include_dir, symbol)
 from .c_prelude import PRELUDE
 from .expr_c import CExpr, storage_type
 
@@ -374,10 +375,6 @@ def render_gather(kernel: ir.Gather, fn: str) -> str:
     params, _ = _template_params(kernel)
     tparams, targs, struct = f"template <{', '.join('class ' + p for p in params)}>", ", ".join(params), f"A_{fn}"
     cx = CExpr(load=lambda i: f"acg::load(p{i}[src])" if i == t else "g")
-    axis = (["  const int64_t axis = 0;"] if kernel.axis_attr is None else
-            [f"  int64_t axis = call->num_attrs > {kernel.axis_attr} ? static_cast<int64_t>(call->attrs[{kernel.axis_attr}]) : 0;",
-             "  if (axis < 0) axis += tab.rank;",
-             f"  if (axis < 0 || axis >= tab.rank) return acg::fail(call, \"{kernel.name}\", \"axis attr out of range\");"])
     lines = [*_args_struct(kernel, struct, ["  int64_t n, pre, post, span;"]), tparams,
              f"__global__ void g_{fn}({struct}<{targs}> A) {{", *_unpack(kernel),
              "  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;",
@@ -390,7 +387,7 @@ def render_gather(kernel: ir.Gather, fn: str) -> str:
              *[f"    q{k}[e] = acg::store<{_ctype(o.dtype, k)}>({cx.render(o.expr)});" for k, o in enumerate(kernel.outputs)],
              "  }", "}",
              *_host_head(kernel, fn, tparams),
-             f"  const AnychipTensor& tab = call->inputs[{t}];", *axis,
+             f"  const AnychipTensor& tab = call->inputs[{t}];", *_axis(kernel),
              f"  {struct}<{targs}> A;",
              f"  A.n = acg::count(call->inputs[{x}]);",
              "  A.pre = 1, A.post = 1;",
@@ -455,12 +452,9 @@ def render_scatter_add(kernel: ir.ScatterAdd, fn: str) -> str:
 
 
 def render_contraction(kernel: ir.Contraction, fn: str) -> str:
-    from .c import _flag
-
     tile = kernel.knob("tile", CONTRACTION_SCHEDULES[0]["tile"])
     n_in, n_out = len(kernel.inputs), len(kernel.outputs)
     name = kernel.name
-    batch = "call->outputs[0]" if kernel.batch < 0 else f"call->inputs[{kernel.batch}]"
     product = [
         "template <class T>",
         f"AnychipStatus {fn}_product(const AnychipKernelCall* call, cudaStream_t stream, const acg::Batch& B,",
@@ -491,22 +485,8 @@ def render_contraction(kernel: ir.Contraction, fn: str) -> str:
     lines = [*product, "template <class T>", f"AnychipStatus {fn}(const AnychipKernelCall* call) {{",
              f"  static const int32_t ids[] = {{{_ids(kernel)}}};",
              f"  if (const char* e = acg::check(call, {n_in}, {n_out}, ids)) return acg::fail(call, \"{name}\", e);",
-             f"  for (int t = 0; t < {n_in + n_out}; ++t)",
-             f"    if ((t < {n_in} ? call->inputs[t] : call->outputs[t - {n_in}]).rank < 2)",
-             f"      return acg::fail(call, \"{name}\", \"every tensor must be at least 2-D\");",
-             f"  const acg::Batch B({batch});",
-             f"  for (int t = 0; t < {n_in + n_out}; ++t)",
-             f"    if (const char* e = B.misfit(t < {n_in} ? call->inputs[t] : call->outputs[t - {n_in}]))",
-             f"      return acg::fail(call, \"{name}\", e);",
+             *_contraction_operands(kernel),
              "  cudaStream_t stream = reinterpret_cast<cudaStream_t>(call->stream);"]
-    for k, o in enumerate(kernel.outputs):
-        pr = o.expr
-        lines += [f"  const acg::Mat a{k} = acg::mat(call->inputs[{pr.a}], {_flag(pr.ta)}), "
-                  f"b{k} = acg::mat(call->inputs[{pr.b}], {_flag(pr.tb)}), "
-                  f"c{k} = acg::mat(call->outputs[{k}], {_flag(pr.tout)});",
-                  f"  if (a{k}.cols != b{k}.rows || a{k}.rows != c{k}.rows || b{k}.cols != c{k}.cols)",
-                  f"    return acg::fail(call, \"{name}\", \"output {k}: the operands' matrices [M, K] and [K, N] "
-                  "do not give its [M, N]\");"]
     for k, o in enumerate(kernel.outputs):
         pr = o.expr
         lines += [f"  if (AnychipStatus s = {fn}_product<T>(call, stream, B, call->inputs[{pr.a}], a{k}, "
