@@ -214,16 +214,6 @@ def children(e: Expr) -> tuple[Expr, ...]:
     return ()
 
 
-def flags(kernel) -> list[Flag]:
-    """The launch-time flags a kernel's products read, without repeats."""
-    found: list[Flag] = []
-    for out in kernel.outputs:
-        for node in walk(out.expr):
-            if isinstance(node, Product):
-                found += [f for f in (node.ta, node.tb, node.tout) if f.attr is not None and f not in found]
-    return found
-
-
 def walk(e: Expr):
     """Every node of ``e``, children before parents."""
     for c in children(e):
@@ -306,6 +296,14 @@ def _refuse(kernel, expr, kinds, what) -> None:
                              "do not have")
 
 
+def _check_indexed(kernel, what) -> None:
+    """A gather's or scatter's rules: an int64 index; an expression of elements only."""
+    if kernel.inputs[kernel.index].dtype != "int64":
+        raise ValueError(f"{what} kernel {kernel.name!r}: its index input must be int64")
+    for out in kernel.outputs:
+        _refuse(kernel, out.expr, (Reduce, RowLen, RowAt, Product, Position), what)
+
+
 @dataclass(frozen=True)
 class Gather(Kernel):
     """out[pre, i, post] from table[pre, index[i], post]: ``table`` (an input) is cut at its
@@ -320,10 +318,7 @@ class Gather(Kernel):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.inputs[self.index].dtype != "int64":
-            raise ValueError(f"gather kernel {self.name!r}: its index input must be int64")
-        for out in self.outputs:
-            _refuse(self, out.expr, (Reduce, RowLen, RowAt, Product, Position), "gather")
+        _check_indexed(self, "gather")
 
 
 @dataclass(frozen=True)
@@ -337,10 +332,7 @@ class ScatterAdd(Kernel):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.inputs[self.index].dtype != "int64":
-            raise ValueError(f"scatter kernel {self.name!r}: its index input must be int64")
-        for out in self.outputs:
-            _refuse(self, out.expr, (Reduce, RowLen, RowAt, Product, Position), "scatter")
+        _check_indexed(self, "scatter")
 
 
 @dataclass(frozen=True)

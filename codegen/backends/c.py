@@ -410,7 +410,7 @@ def render_rows(kernel: ir.Rows, fn: str) -> str:
                 "else row(r, std::integral_constant<int, 0>{}, cs);")
     if col_sums:
         # Fixed row blocks summed in block order: the result does not depend on the thread count.
-        lines += [f"  const int64_t blocks = R.rows < 64 ? (R.rows > 0 ? R.rows : 1) : 64;",
+        lines += ["  const int64_t blocks = R.rows < 64 ? (R.rows > 0 ? R.rows : 1) : 64;",
                   f"  std::vector<float> partial(blocks * {len(col_sums)} * len, 0.0f);",
                   f"#pragma omp parallel for num_threads(nt) if (R.rows * len >= {grain}) schedule(static)",
                   "  for (int64_t blk = 0; blk < blocks; ++blk) {",

@@ -14,8 +14,8 @@ import shutil
 import subprocess
 
 from .. import ir
-from .c import (_attrs, _axis, _contraction_operands, _ctype, _ids, _reductions, _template_params, header_digest,
-                include_dir, symbol)
+from .c import (_attrs, _axis, _contraction_operands, _ctype, _dense_inputs_outputs, _ids, _reductions,
+                _template_params, header_digest, include_dir, symbol)
 from .c_prelude import PRELUDE
 from .expr_c import CExpr, storage_type
 
@@ -363,9 +363,7 @@ def _host_head(kernel, fn: str, tparams: str) -> list[str]:
     return [tparams, f"AnychipStatus {fn}(const AnychipKernelCall* call) {{",
             f"  static const int32_t ids[] = {{{_ids(kernel)}}};",
             f"  if (const char* e = acg::check(call, {n_in}, {n_out}, ids)) return acg::fail(call, \"{kernel.name}\", e);",
-            f"  for (int t = 0; t < {n_in + n_out}; ++t)",
-            f"    if (!acg::dense(t < {n_in} ? call->inputs[t] : call->outputs[t - {n_in}]))",
-            f"      return acg::fail(call, \"{kernel.name}\", \"its tensors must be dense\");",
+            *_dense_inputs_outputs(kernel),
             "  cudaStream_t stream = reinterpret_cast<cudaStream_t>(call->stream);"]
 
 
