@@ -50,11 +50,13 @@ def dequantize(qweight, scales, bits: int, group_size: int, k: int, offsets=None
         blocks = qweight.astype("int32").reshape([n, k // 64, 32])
         low, high = blocks % 16, blocks // 16
         q = (pd.concat([low, high], axis=-1) - 8).reshape([n, k]).astype("float32")
+    # per group by broadcasting ([N, G, group] against [N, G, 1]), not by repeating the scales:
+    # multiply and add are base ops every device has, repeat_interleave is not
     group = k if group_size == -1 else group_size
-    w = q * pd.repeat_interleave(scales, group, axis=1)
+    w = q.reshape([n, k // group, group]) * scales.unsqueeze(-1)
     if offsets is not None:
-        w = w + pd.repeat_interleave(offsets, group, axis=1)
-    return w
+        w = w + offsets.unsqueeze(-1)
+    return w.reshape([n, k])
 
 
 class _Quantize(OpImpl):
