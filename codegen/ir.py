@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 FLOATS = ("float32", "bfloat16", "float16")
 INTS = ("int32", "int64")
 ALL = FLOATS + INTS + ("bool",)
+CASTABLE = ALL + ("int8",)  # what cast converts between (kernel.h); int8 for quantized tables
 
 UNARY = ("exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "silu", "abs", "neg")
 BINARY = ("add", "sub", "mul", "div", "max", "min", "pow")
@@ -271,7 +272,7 @@ class Kernel:
                         raise ValueError(f"kernel {self.name!r} output {i} reads input {index}, "
                                          f"but the kernel has {len(self.inputs)} inputs")
         for dtype in (*(a.dtype for a in self.inputs), *(o.dtype for o in self.outputs)):
-            if dtype not in ("T", "*") + ALL + ("float64",):
+            if dtype not in ("T", "*") + CASTABLE + ("float64",):
                 raise ValueError(f"kernel {self.name!r}: dtype {dtype!r} is not 'T', '*' or a dtype name")
 
     def with_schedule(self, **knobs) -> "Kernel":

@@ -6,7 +6,7 @@ as doubles). ``library(dtypes)`` restricts every op to the dtypes a chip support
 
 from __future__ import annotations
 
-from .ir import (ALL, FLOATS, INTS, Arg, Attr, Cast, Const, Contraction, Elementwise, Flag, Gather, Input, Out,
+from .ir import (ALL, CASTABLE, FLOATS, INTS, Arg, Attr, Cast, Const, Contraction, Elementwise, Flag, Gather, Input, Out,
                  Position, Product, RowAt, Rows, RowsOf, ROW_LEN, ScatterAdd, Variants, Unary, Binary, row_max,
                  row_sum, rsqrt, where, exp, log)
 
@@ -36,7 +36,7 @@ def elementwise_kernels() -> list:
     kernels += [
         Elementwise("where", (Arg("bool"), T, T), (Out("T", where(X, Y, Z)),), ALL),
         # cast: registered under the input's dtype, writes whatever dtype the output has
-        Elementwise("cast", (T,), (Out("*", X),), ALL),
+        Elementwise("cast", (T,), (Out("*", X),), CASTABLE),
         Elementwise("fill", (), (Out("T", Attr(0, exact=True)),), ALL),
         Elementwise("copy", (T,), (Out("T", X),), ALL),
         # arange: attrs [start, step], out[i] = start + i * step (in double: exact for int64)
@@ -120,7 +120,8 @@ def index_kernels() -> list:
                    table=1, index=0),
             ScatterAdd("embedding_grad", (ids, T), (Out("T", where(padding, Const(0.0), Input(1))),), FLOATS,
                        index=0, source=1),
-            Gather("index_select", (T, ids), (Out("T", Input(0)),), FLOATS + INTS, table=0, index=1, axis_attr=0)]
+            Gather("index_select", (T, ids), (Out("T", Input(0)),), FLOATS + INTS + ("int8",), table=0, index=1,
+                   axis_attr=0)]
 
 
 def matmul_kernels() -> list:

@@ -31,11 +31,12 @@ from kernel_helpers import store, value
 ir, ops = cg.ir, cg.ops
 FLOATS = ("float32", "bfloat16", "float16")
 NPU_DTYPES = ("float32", "bfloat16", "float16", "int32", "int64", "bool")
+CAST_DTYPES = NPU_DTYPES + ("int8",)
 # (rtol, atol) against float64 math on the stored inputs: float32 arithmetic, one rounding on store
 TOL = {"float32": (2e-5, 1e-6), "bfloat16": (1e-2, 1e-2), "float16": (2e-3, 2e-3)}
 SUM_TOL = {"float32": (1e-4, 1e-5), "bfloat16": (2e-2, 2e-2), "float16": (4e-3, 4e-3)}
 NP_STORAGE = {"float32": np.float32, "bfloat16": np.uint16, "float16": np.float16, "int32": np.int32,
-              "int64": np.int64, "bool": np.bool_}
+              "int64": np.int64, "int8": np.int8, "bool": np.bool_}
 
 
 @pytest.fixture(scope="module")
@@ -117,15 +118,16 @@ def stored(rng_values, dtype):
     if dtype == "bool":
         a = np.asarray(rng_values) != 0
         return a, a
-    if dtype in ("int32", "int64"):
-        a = np.asarray(rng_values).astype(dtype)
+    if dtype in ("int32", "int64", "int8"):
+        values = np.asarray(rng_values)
+        a = (np.clip(np.trunc(values), -128, 127) if dtype == "int8" else values).astype(dtype)
         return a, a
     a = store(rng_values, dtype)
     return a, value(a)
 
 
 def out_arg(shape, dtype, view=None):
-    fill = {"bool": 2, "int32": -7, "int64": -7}.get(dtype)
+    fill = {"bool": 2, "int32": -7, "int64": -7, "int8": -7}.get(dtype)
     if dtype == "bfloat16":
         return Arg(np.full(shape, 0x7FC0, np.uint16), dtype, view)
     return Arg(np.full(shape, np.nan if fill is None else fill, NP_STORAGE[dtype]), dtype, view)
@@ -256,14 +258,18 @@ def test_where(npu, kernels, dtype):
     assert_close(out, np.where(to(cv), xv, to(yv)), dtype)
 
 
-@pytest.mark.parametrize("src", NPU_DTYPES)
+@pytest.mark.parametrize("src", CAST_DTYPES)
 def test_cast_every_pair(npu, kernels, src):
     rng = np.random.default_rng(6)
     raw = np.concatenate([rng.standard_normal(20) * 50, [0.0, -0.0, 2.5, -2.5, 1.0, -1.7, 65504.0, 3.0e-8]])
     x, xv = stored(raw, src)
-    for dst in NPU_DTYPES:
+    for dst in CAST_DTYPES:
         (out,) = run(npu, kernels[f"cast.{src}"], [Arg(x, src)], [out_arg(x.shape, dst)])
-        if dst in ("int32", "int64"):
+        if dst == "int8":  # from a float: toward zero and saturating; from an int: wrapping
+            floats = src in FLOATS
+            expected = (np.clip(np.trunc(xv.astype(np.float64)), -128, 127) if floats else
+                        np.asarray(xv).astype(np.int64).astype(np.int8))
+        elif dst in ("int32", "int64"):
             expected = np.trunc(xv.astype(np.float64))
         elif dst == "bool":
             expected = xv != 0

@@ -111,3 +111,51 @@ def test_forward_and_greedy_decode_run_strict_and_match_cpu(device, model_dir, d
     np.testing.assert_allclose(dev["logits"], cpu["logits"], rtol=1e-4, atol=1e-5)
     assert dev["tokens"] == cpu["tokens"]
     assert all(len(t) == 6 for t in dev["tokens"])
+
+
+QUANTIZED_DECODE = """
+import json
+import anychip
+anychip.set_device({device!r})
+from anychip.paddle_frontend import import_paddle
+paddle = import_paddle()
+from anychip_models.checkpoint import load_checkpoint
+from anychip_models.generate import Generator
+from anychip_models.llama import LlamaForCausalLM
+from anychip_models.sampling import SamplingParams
+
+base = load_checkpoint({path!r}, weights="native")
+prompts = [base.tokenizer.encode(text) for text in ("What is the capital of France?", "Say hello.")]
+tokens = {{}}
+for device in ("cpu", {device!r}):
+    completions, _ = Generator(LlamaForCausalLM(base, (device, 0)), base.tokenizer).generate(
+        prompts, SamplingParams(max_new_tokens=6, ignore_eos=True))
+    tokens[device] = [c.tokens for c in completions]
+fallbacks = {{"/".join(k): v for k, v in anychip.fallback.fallback_counts().items()}}
+print(json.dumps(dict(tokens=tokens, fallbacks=fallbacks)))
+"""
+
+
+@pytest.fixture(scope="module")
+def q8_model(tmp_path_factory):
+    """A tiny random Llama stored as SmolLM2's file is: Q8_0 weights, Q8_0 (int8) embedding."""
+    from gguf import GGMLQuantizationType as T
+    from loader_helpers import random_weights, write_gguf
+    from model_helpers import CONFIG, TOKENIZER_META
+
+    path = tmp_path_factory.mktemp("q8") / "tiny-q8.gguf"
+    return write_gguf(path, CONFIG, random_weights(CONFIG, seed=0), TOKENIZER_META, qtype=T.Q8_0,
+                      types={"embed_tokens": T.Q8_0})
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_quantized_model_decodes_strict_and_matches_cpu(device, q8_model):
+    """A quantized embedding is looked up with plain Paddle ops (an int8 gather, a cast, a
+    per-group scale): on every simulated chip those run on the chip's base kernels."""
+    code = textwrap.dedent(QUANTIZED_DECODE).format(device=device, path=str(q8_model))
+    result = run_python(code, env={"ANYCHIP_STRICT": "1", "ANYCHIP_SIM_CHECK": "1"}, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["fallbacks"] == {}
+    assert out["tokens"][device] == out["tokens"]["cpu"]
+    assert all(len(t) == 6 for t in out["tokens"][device])

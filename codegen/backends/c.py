@@ -828,7 +828,7 @@ def _export(kernel, dtype: str, call_of) -> list[str]:
     else:  # one '*' output (cast): switch on its descriptor's dtype
         (k,) = star
         lines.append(f"  switch (call->num_outputs > {k} ? call->outputs[{k}].dtype : -1) {{")
-        for target in ir.ALL:
+        for target in ir.CASTABLE:
             lines.append(f"    case acg::dtype_id<{storage_type(target)}>(): return {call_of([t, storage_type(target)])};")
         lines += ["    default:",
                   f'      return acg::fail(call, "{kernel.name}", "output {k} has a dtype this kernel does not write");',

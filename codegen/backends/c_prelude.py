@@ -16,6 +16,7 @@ PRELUDE = r"""
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "anychip/kernel.h"
@@ -33,12 +34,14 @@ template <> constexpr int32_t dtype_id<bf16>() { return ANYCHIP_DTYPE_BFLOAT16; 
 template <> constexpr int32_t dtype_id<double>() { return ANYCHIP_DTYPE_FLOAT64; }
 template <> constexpr int32_t dtype_id<int32_t>() { return ANYCHIP_DTYPE_INT32; }
 template <> constexpr int32_t dtype_id<int64_t>() { return ANYCHIP_DTYPE_INT64; }
+template <> constexpr int32_t dtype_id<int8_t>() { return ANYCHIP_DTYPE_INT8; }
 template <> constexpr int32_t dtype_id<b8>() { return ANYCHIP_DTYPE_BOOL; }
 
 ACG_HD inline float load(float v) { return v; }
 ACG_HD inline double load(double v) { return v; }
 ACG_HD inline int32_t load(int32_t v) { return v; }
 ACG_HD inline int64_t load(int64_t v) { return v; }
+ACG_HD inline int32_t load(int8_t v) { return v; }
 ACG_HD inline bool load(b8 v) { return v.v != 0; }
 ACG_HD inline float load(bf16 v) {
   uint32_t u = static_cast<uint32_t>(v.bits) << 16;
@@ -74,6 +77,16 @@ template <> struct Store<float> { template <class V> ACG_HD static float of(V v)
 template <> struct Store<double> { template <class V> ACG_HD static double of(V v) { return static_cast<double>(v); } };
 template <> struct Store<int32_t> { template <class V> ACG_HD static int32_t of(V v) { return static_cast<int32_t>(v); } };
 template <> struct Store<int64_t> { template <class V> ACG_HD static int64_t of(V v) { return static_cast<int64_t>(v); } };
+template <> struct Store<int8_t> {  // from a float: toward zero, saturating, NaN -> 0; ints wrap
+  template <class V> ACG_HD static int8_t of(V v) {
+    if constexpr (std::is_floating_point<V>::value) {
+      if (!(v == v)) return 0;
+      return static_cast<int8_t>(v <= V(-128) ? V(-128) : v >= V(127) ? V(127) : v);
+    } else {
+      return static_cast<int8_t>(v);
+    }
+  }
+};
 template <> struct Store<b8> { template <class V> ACG_HD static b8 of(V v) { return b8{static_cast<uint8_t>(v != 0)}; } };
 template <> struct Store<bf16> {
   template <class V> ACG_HD static bf16 of(V v) {

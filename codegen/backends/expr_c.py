@@ -10,7 +10,7 @@ from typing import Callable
 from .. import ir
 
 _STORAGE = {"float32": "float", "float64": "double", "bfloat16": "acg::bf16", "float16": "acg::fp16",
-            "int32": "int32_t", "int64": "int64_t", "bool": "acg::b8"}
+            "int8": "int8_t", "int32": "int32_t", "int64": "int64_t", "bool": "acg::b8"}
 
 # Float math through the C library's float functions, the same names in C++ and CUDA device
 # code (only float dtypes reach them: compute is float32), except e^x: ACG_EXP, which

@@ -36,6 +36,8 @@ import numpy as np
 FLOATS = ("float32", "bfloat16", "float16")
 INTS = ("int32", "int64")
 ALL = FLOATS + INTS + ("bool",)
+# int8 storage too: quantized tables (a Q8_0 embedding) are gathered and converted on the device
+CASTABLE = ALL + ("int8",)
 
 CATEGORIES = ("unary", "binary", "compare", "where", "cast", "fill", "copy", "reduction", "softmax", "loss",
               "embedding", "index", "arange", "matmul")
@@ -294,9 +296,11 @@ def _where(x, a, out_dtype, out_shape):
 def _cast(x, a, out_dtype, out_shape):
     src = x[0]
     target = _np_dtype(out_dtype)
-    if target.kind in "iu" and src.dtype.kind == "f":
+    if target.kind in "iu" and src.dtype.kind == "f":  # toward zero, saturating, NaN -> 0 (kernel.h)
+        info = np.iinfo(target)
         with np.errstate(all="ignore"):
-            return [np.trunc(src.astype(np.float64)).astype(target)]
+            t = np.clip(np.nan_to_num(np.trunc(src.astype(np.float64)), nan=0.0), info.min, info.max)
+            return [t.astype(target)]
     if target.kind == "b":
         return [src != 0]
     return [src.astype(target)]
@@ -488,9 +492,9 @@ _DECLARATIONS = [
     _op("where", "where", ["condition", "x", "y"], ["out"], "x where condition else y", _where, _broadcast, ALL,
         input_dtypes=("bool", "=", "="), tolerance={d: (0.0, 0.0) for d in ALL}),
     _op("cast", "cast", ["x"], ["out"], "x converted to the output's dtype (float -> int truncates toward zero)",
-        _cast, _same, ALL, input_dtypes=("any",), output_dtypes=("given",),
+        _cast, _same, CASTABLE, input_dtypes=("any",), output_dtypes=("given",),
         # keyed by the INPUT's dtype, while the error is the output's rounding (bfloat16: 2^-9)
-        tolerance={d: (4e-3, 0.0) for d in ALL}),
+        tolerance={d: (4e-3, 0.0) for d in CASTABLE}),
     _op("fill", "fill", [], ["out"], "every element = value (full, full_like, zeros, ones)", _fill, _given, ALL,
         attrs=(("value", "cast to the output's dtype"),), output_dtypes=("given",),
         tolerance={d: (0.0, 0.0) for d in ALL}),
@@ -518,8 +522,8 @@ _DECLARATIONS = [
         _embedding_grad, _embedding_grad_shape, attrs=(("padding_idx", "as the forward"),),
         input_dtypes=("int64", "="), tolerance=_SUM_TOL),
     _op("index_select", "index", ["x", "index"], ["out"], "x's slices at index along axis (also gather)",
-        _index_select, _index_select_shape, FLOATS + INTS, attrs=(("axis", "the indexed axis"),),
-        input_dtypes=("=", "int64"), tolerance={d: (0.0, 0.0) for d in FLOATS + INTS}),
+        _index_select, _index_select_shape, FLOATS + INTS + ("int8",), attrs=(("axis", "the indexed axis"),),
+        input_dtypes=("=", "int64"), tolerance={d: (0.0, 0.0) for d in FLOATS + INTS + ("int8",)}),
     _op("arange", "arange", [], ["out"], "out[i] = start + i * step; out_shape = [n]", _arange, _given,
         FLOATS + ("int64",), attrs=(("start", "the first value"), ("step", "the increment")),
         output_dtypes=("given",), tolerance=_ELEMENTWISE_TOL),

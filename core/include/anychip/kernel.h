@@ -162,7 +162,7 @@
  *   compare:         x, y (float or int) -> out bool: equal, not_equal, less_than, less_equal,
  *                    greater_than, greater_equal
  *   where:           condition bool, x, y (any dtype) -> out = condition ? x : y
- *   cast:            x -> out, any pair of float32/bfloat16/float16/int32/int64/bool; float -> int
+ *   cast:            x -> out, any pair of float32/bfloat16/float16/int32/int64/int8/bool; float -> int
  *                    truncates toward zero (NaN -> 0, saturating), -> bool is x != 0
  *   fill:            -> out (any dtype); attrs: value (cast to out's dtype as cast does)
  *   copy:            x -> out (same dtype, any): out = x, both any strides
@@ -181,7 +181,7 @@
  *                    rows of padding_idx are 0; an id outside [0, V) is an error.
  *   embedding_grad:  ids int64[...], dout[..., C] -> dweight[V, C]: the scatter-add of dout's
  *                    rows by id, 0 where no id, nothing for padding_idx; attrs: padding_idx
- *   index_select:    x (float or int), index int64[n] -> out (x's shape, n along axis); attrs:
+ *   index_select:    x (float, int or int8), index int64[n] -> out (x's shape, n along axis); attrs:
  *                    axis. Also serves gather. An index outside [0, x.shape[axis]) is an error.
  *   arange:          -> out[n] (float or int64); attrs: start, step. out[i] = start + i*step
  *                    (computed in double, then converted as cast does)

@@ -65,7 +65,7 @@ inline D store(S v) {
 }
 
 // Calls body.template operator()<T>() with T the storage type of `dtype`, one of `kinds`.
-enum Kinds : unsigned { kFloats = 1, kInts = 2, kBool = 4, kAll = 7 };
+enum Kinds : unsigned { kFloats = 1, kInts = 2, kBool = 4, kAll = 7, kInt8 = 8 };  // kInt8: cast only
 
 template <unsigned kKinds, typename Body>
 AnychipStatus dispatch(const AnychipKernelCall* call, int32_t dtype, const char* what, Body&& body) {
@@ -86,6 +86,9 @@ AnychipStatus dispatch(const AnychipKernelCall* call, int32_t dtype, const char*
   }
   if constexpr ((kKinds & kBool) != 0) {
     if (dtype == ANYCHIP_DTYPE_BOOL) return body.template operator()<b8>();
+  }
+  if constexpr ((kKinds & kInt8) != 0) {
+    if (dtype == ANYCHIP_DTYPE_INT8) return body.template operator()<int8_t>();
   }
   return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: dtype %d is not supported", what, dtype);
 }

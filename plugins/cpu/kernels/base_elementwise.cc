@@ -294,8 +294,8 @@ ANYCHIP_CPU_KERNEL(where) {
 
 ANYCHIP_CPU_KERNEL(cast) {
   if (AnychipStatus s = require_output_shape(call, "cast"); s != ANYCHIP_OK) return s;
-  return dispatch<kAll>(call, in(call, 0).dtype, "cast (input)", [&]<typename S>() {
-    return dispatch<kAll>(call, out(call, 0).dtype, "cast (output)", [&]<typename D>() {
+  return dispatch<kAll | kInt8>(call, in(call, 0).dtype, "cast (input)", [&]<typename S>() {
+    return dispatch<kAll | kInt8>(call, out(call, 0).dtype, "cast (output)", [&]<typename D>() {
       return map1<D, S>(call, [](S v) { return store<D>(load(v)); });
     });
   });
