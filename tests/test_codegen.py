@@ -173,7 +173,9 @@ def test_unary(npu, kernels, op, dtype):
 
 def test_exp_is_within_one_ulp_over_its_whole_range(npu, kernels):
     """The c backend's e^x (a vectorisable polynomial, not expf): within 1 ulp of the exact value
-    from overflow down through the subnormals, with inf, 0 and NaN where they belong."""
+    at 200k points from overflow down through the subnormals, with inf, 0 and NaN where they
+    belong. (Its worst case is 1.01 ulp, over 100M random points: the float32 evaluation's own
+    rounding.)"""
     sweep = np.concatenate([np.linspace(-104.5, 89.0, 200_003), np.linspace(-1e-3, 1e-3, 1001),
                             [0.0, -0.0, 88.72283, 88.7229, -87.33655, -103.97, -103.98, 1e30, -1e30]])
     x = sweep.astype(np.float32)

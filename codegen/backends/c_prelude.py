@@ -131,8 +131,9 @@ ACG_HD inline float exp(float x) { return expf(x); }
 // -ffast-math, and bounded elementwise kernels at a sixth of memory bandwidth): x = n ln2 + r
 // (Cody-Waite, two parts), Cephes' degree-6 polynomial for e^r on |r| <= ln2 / 2, and 2^n as two
 // power-of-two factors so that subnormal results come out right. Within 1 ulp of the exact
-// value (checked over the whole range); +inf above ln(FLT_MAX), 0 below the smallest subnormal,
-// NaN for NaN.
+// value on the test's 200k-point sweep of the whole range, 1.01 ulp at worst over 100M random
+// points (the float32 polynomial's own rounding); +inf above ln(FLT_MAX), 0 below the smallest
+// subnormal, NaN for NaN.
 inline float exp(float x) {
   const float hi = 88.72283935546875f, lo = -103.97208404541015625f;
   const float xc = x > hi ? hi : (x < lo ? lo : x);  // selects, not fmaxf: those GCC will not vectorise
