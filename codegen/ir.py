@@ -36,10 +36,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+# what cast converts between, and so what a "*" output may hold: the base-op contract's set
+from anychip.ops.base import CASTABLE
+
 FLOATS = ("float32", "bfloat16", "float16")
 INTS = ("int32", "int64")
 ALL = FLOATS + INTS + ("bool",)
-CASTABLE = ALL + ("int8",)  # what cast converts between (kernel.h); int8 for quantized tables
 
 UNARY = ("exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "silu", "abs", "neg")
 BINARY = ("add", "sub", "mul", "div", "max", "min", "pow")

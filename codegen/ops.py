@@ -6,6 +6,8 @@ as doubles). ``library(dtypes)`` restricts every op to the dtypes a chip support
 
 from __future__ import annotations
 
+from anychip.ops.base import INDEXED
+
 from .ir import (ALL, CASTABLE, FLOATS, INTS, Arg, Attr, Cast, Const, Contraction, Elementwise, Flag, Gather, Input, Out,
                  Position, Product, RowAt, Rows, RowsOf, ROW_LEN, ScatterAdd, Variants, Unary, Binary, row_max,
                  row_sum, rsqrt, where, exp, log)
@@ -120,8 +122,7 @@ def index_kernels() -> list:
                    table=1, index=0),
             ScatterAdd("embedding_grad", (ids, T), (Out("T", where(padding, Const(0.0), Input(1))),), FLOATS,
                        index=0, source=1),
-            Gather("index_select", (T, ids), (Out("T", Input(0)),), FLOATS + INTS + ("int8",), table=0, index=1,
-                   axis_attr=0)]
+            Gather("index_select", (T, ids), (Out("T", Input(0)),), INDEXED, table=0, index=1, axis_attr=0)]
 
 
 def matmul_kernels() -> list:

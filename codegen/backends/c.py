@@ -255,6 +255,33 @@ def _reductions(kernel: ir.Rows) -> list[list[ir.Reduce]]:
     return levels
 
 
+# A row reduction is kept as 16 partials `<name>_p[16]` (element c in partial c % 16), combined
+# in order at the end: the plain and the pipelined row paths share these pieces, so that their
+# sums are the same.
+def _partials_reset(names: dict, indent: str) -> list[str]:
+    return [f"{indent}for (int j = 0; j < 16; ++j) {nm}_p[j] = {'0.0f' if red.op == 'sum' else '-INFINITY'};"
+            for red, nm in names.items()]
+
+
+def _partials_fold(cx: CExpr, names: dict, indent: str, guard: str | None = None) -> list[str]:
+    """Lane j's partial takes in the current element (inputs already loaded); `guard`: only if it holds."""
+    out = []
+    for red, nm in names.items():
+        value = cx.render(red.x)
+        new = f"{nm}_p[j] + ({value})" if red.op == "sum" else f"acg::vmax({nm}_p[j], static_cast<float>({value}))"
+        out.append(f"{indent}{nm}_p[j] = {new};" if guard is None else f"{indent}{nm}_p[j] = {guard} ? {new} : {nm}_p[j];")
+    return out
+
+
+def _partials_combine(names: dict, indent: str, declare: bool) -> list[str]:
+    out = []
+    for red, nm in names.items():
+        out.append(f"{indent}{'float ' if declare else ''}{nm} = {nm}_p[0];")
+        out.append(f"{indent}for (int j = 1; j < 16; ++j) {nm} = " +
+                   (f"{nm} + {nm}_p[j];" if red.op == "sum" else f"acg::vmax({nm}, {nm}_p[j]);"))
+    return out
+
+
 def render_rows(kernel: ir.Rows, fn: str) -> str:
     ins, outs = kernel.inputs, kernel.outputs
     grain = kernel.knob("grain", ROWS_SCHEDULES[0]["grain"])
@@ -322,17 +349,10 @@ def render_rows(kernel: ir.Rows, fn: str) -> str:
         # lanes one by one to keep their order (2x slower than the hand-written RMSNorm).
         for red, nm in names.items():
             body.append(f"    float {nm}_p[16];")
-            body.append(f"    for (int j = 0; j < 16; ++j) {nm}_p[j] = {'0.0f' if red.op == 'sum' else '-INFINITY'};")
+        body += _partials_reset(names, "    ")
 
         def accumulate(indent, guard=None):
-            out = cx.preload([red.x for red in reds], indent)
-            for red, nm in names.items():
-                value = cx.render(red.x)
-                new = (f"{nm}_p[j] + ({value})" if red.op == "sum" else
-                       f"acg::vmax({nm}_p[j], static_cast<float>({value}))")
-                out.append(f"{indent}{nm}_p[j] = {new};" if guard is None else
-                           f"{indent}{nm}_p[j] = {guard} ? {new} : {nm}_p[j];")
-            return out
+            return cx.preload([red.x for red in reds], indent) + _partials_fold(cx, names, indent, guard)
 
         # The last partial block runs all 16 lanes too, the ones past the row reading its last
         # element and keeping their partial, so that j is only ever 0..15 and the partials can
@@ -354,10 +374,7 @@ def render_rows(kernel: ir.Rows, fn: str) -> str:
                  *accumulate("        ", guard="live"),
                  "      }",
                  "    }"]
-        for red, nm in names.items():
-            body.append(f"    float {nm} = {nm}_p[0];")
-            body.append(f"    for (int j = 1; j < 16; ++j) {nm} = " +
-                        (f"{nm} + {nm}_p[j];" if red.op == "sum" else f"acg::vmax({nm}, {nm}_p[j]);"))
+        body += _partials_combine(names, "    ", declare=True)
         computed.update(names)
     # What depends on the row's reductions alone (RMSNorm's rsqrt(mean + eps)) is computed once
     # per row, not per element: captured by reference, the compiler cannot hoist it itself.
@@ -469,25 +486,11 @@ def _pipelined(kernel: ir.Rows) -> list[str]:
     ox = CExpr(load=loader("b", "r"), reduced={**names, **hoisted})
     first = CExpr(load=loader("n", "rn"), prefix="u")  # the reductions read the next row (the first: r0)
 
-    def accumulate(indent: str, guard: str | None) -> list[str]:
-        out = []
-        for red, nm in names.items():
-            value = first.render(red.x)
-            new = f"{nm}_p[j] + ({value})" if red.op == "sum" else f"acg::vmax({nm}_p[j], static_cast<float>({value}))"
-            out.append(f"{indent}{nm}_p[j] = {new};" if guard is None else f"{indent}{nm}_p[j] = {guard} ? {new} : {nm}_p[j];")
-        return out
-
     def reset() -> list[str]:
-        return [f"      for (int j = 0; j < 16; ++j) {nm}_p[j] = {'0.0f' if red.op == 'sum' else '-INFINITY'};"
-                for red, nm in names.items()]
+        return _partials_reset(names, "      ")
 
     def combine() -> list[str]:
-        out = []
-        for red, nm in names.items():
-            out.append(f"      {nm} = {nm}_p[0];")
-            out.append(f"      for (int j = 1; j < 16; ++j) {nm} = " +
-                       (f"{nm} + {nm}_p[j];" if red.op == "sum" else f"acg::vmax({nm}, {nm}_p[j]);"))
-        return out
+        return _partials_combine(names, "      ", declare=False)
 
     def blocks(lo: str, hi: str, with_outputs: bool) -> list[str]:
         """Elements [lo, hi) in blocks of 16 (element c in lane c % 16), the last block masked."""
@@ -499,7 +502,7 @@ def _pipelined(kernel: ir.Rows) -> list[str]:
             for k, o in per_element if with_outputs else ():
                 store = f"w{k}[c - {lo}] = acg::store<{_ctype(o.dtype, k)}>({ox.render(o.expr)});"
                 out.append(f"          {store}" if guard is None else f"          if ({guard}) {store}")
-            return out + accumulate("          ", guard)
+            return out + _partials_fold(first, names, "          ", guard)
         return [f"      for (int64_t cb = {lo}; cb < {hi}; cb += 16) {{",
                 f"        if (cb + 16 <= {hi}) {{",
                 "#pragma omp simd",

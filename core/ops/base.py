@@ -38,6 +38,7 @@ INTS = ("int32", "int64")
 ALL = FLOATS + INTS + ("bool",)
 # int8 storage too: quantized tables (a Q8_0 embedding) are gathered and converted on the device
 CASTABLE = ALL + ("int8",)
+INDEXED = FLOATS + INTS + ("int8",)  # what index_select gathers
 
 CATEGORIES = ("unary", "binary", "compare", "where", "cast", "fill", "copy", "reduction", "softmax", "loss",
               "embedding", "index", "arange", "matmul")
@@ -522,8 +523,8 @@ _DECLARATIONS = [
         _embedding_grad, _embedding_grad_shape, attrs=(("padding_idx", "as the forward"),),
         input_dtypes=("int64", "="), tolerance=_SUM_TOL),
     _op("index_select", "index", ["x", "index"], ["out"], "x's slices at index along axis (also gather)",
-        _index_select, _index_select_shape, FLOATS + INTS + ("int8",), attrs=(("axis", "the indexed axis"),),
-        input_dtypes=("=", "int64"), tolerance={d: (0.0, 0.0) for d in FLOATS + INTS + ("int8",)}),
+        _index_select, _index_select_shape, INDEXED, attrs=(("axis", "the indexed axis"),),
+        input_dtypes=("=", "int64"), tolerance={d: (0.0, 0.0) for d in INDEXED}),
     _op("arange", "arange", [], ["out"], "out[i] = start + i * step; out_shape = [n]", _arange, _given,
         FLOATS + ("int64",), attrs=(("start", "the first value"), ("step", "the increment")),
         output_dtypes=("given",), tolerance=_ELEMENTWISE_TOL),
