@@ -233,6 +233,26 @@ def test_binary_broadcasting(npu, kernels, op, dtype):
         assert_close(out, BINARY_REF[op](xv, yv), dtype, what=f"{op} {xs} {ys}")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_large_elementwise_outputs_stream_out_unchanged(npu, kernels, dtype):
+    """Flat elementwise outputs past 8 MiB are written a whole cache line at a time with
+    non-temporal stores: an output that starts mid-line (the part before its first line is
+    written directly) and a length that leaves a partial last block, against numpy; nothing
+    outside the output's window is written."""
+    rng = np.random.default_rng(13)
+    item = 4 if dtype == "float32" else 2
+    n = (8 << 20) // item + 1037
+    x, xv = stored(rng.standard_normal(n), dtype)
+    y, yv = stored(rng.standard_normal(n), dtype)
+    for start in (0, 3):
+        out = out_arg((n + 8,), dtype, lambda a, s=start: a[s:s + n])
+        (window,) = run(npu, kernels[f"add.{dtype}"], [Arg(x, dtype), Arg(y, dtype)], [out])
+        assert_close(window, xv + yv, dtype, what=f"add of {n} from element {start}")
+        outside = np.concatenate([window.base[:start], window.base[start + n:]])
+        fill = out.base[0]
+        assert (outside.view(np.uint16) == fill).all() if dtype == "bfloat16" else np.isnan(outside).all()
+
+
 COMPARE_REF = {"equal": np.equal, "not_equal": np.not_equal, "less_than": np.less, "less_equal": np.less_equal,
                "greater_than": np.greater, "greater_equal": np.greater_equal}
 

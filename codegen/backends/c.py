@@ -162,6 +162,18 @@ def _prologue(kernel, fn: str) -> list[str]:
             f"  if (const char* e = acg::check(call, {n_in}, {n_out}, ids)) return acg::fail(call, \"{fn}\", e);"]
 
 
+# Elementwise kernels that compute this much per element write their outputs with ordinary
+# stores: measured on 64 MB, non-temporal stores made add 30% faster (its output lines are no
+# longer read first) but e^x 15% slower.
+_COSTLY = {"exp", "log", "sigmoid", "tanh", "silu", "pow"}
+
+
+def _streams_output(kernel: ir.Elementwise) -> bool:
+    """Whether large outputs of ``kernel`` are written with non-temporal stores."""
+    return not any(isinstance(e, (ir.Unary, ir.Binary)) and e.op in _COSTLY
+                   for o in kernel.outputs for e in ir.walk(o.expr))
+
+
 def render_elementwise(kernel: ir.Elementwise, fn: str) -> str:
     n_in, n_out = len(kernel.inputs), len(kernel.outputs)
     nt = n_in + n_out
@@ -178,19 +190,66 @@ def render_elementwise(kernel: ir.Elementwise, fn: str) -> str:
              "  const int nt = acg::threads(call);",
              "  const int64_t n = L.n;"]
 
-    def body(index_of, out_index_of, indent, position):
+    def body(index_of, out_index_of, indent, position, out_of=lambda k, at: f"q{k}[{at}]"):
         cx = CExpr(load=lambda i: f"acg::load(p{i}[{index_of(i)}])", position=position)
         out = []
         out += cx.preload([o.expr for o in kernel.outputs], indent)
         for k, o in enumerate(kernel.outputs):
-            out.append(f"{indent}q{k}[{out_index_of(k)}] = acg::store<{_ctype(o.dtype, k)}>({cx.render(o.expr)});")
+            out.append(f"{indent}{out_of(k, out_index_of(k))} = acg::store<{_ctype(o.dtype, k)}>({cx.render(o.expr)});")
         return out
 
+    def prefetch(at, indent, streamed=range(n_in), outputs=True):
+        return ([f"{indent}acg::prefetch_block<false>(p{i} + {at(i)});" for i in streamed] +
+                [f"{indent}acg::prefetch_block<true>(q{k} + {at(n_in + k)});" for k in range(n_out) if outputs])
+
+    def direct(indent):
+        return ["#pragma omp simd",
+                f"{indent}for (int64_t i = i0; i < i1; ++i) {{",
+                *body(lambda i: "i", lambda k: "i", indent + "  ", "i"),
+                f"{indent}}}"]
+
+    if _streams_output(kernel):
+        # Blocks start on output 0's cache lines (block 0 is the part before the first one), so
+        # that each full block's lines are written whole, from an L1 buffer, with non-temporal
+        # stores: its output lines are then never read from memory first.
+        flat = ["    const int64_t out_bytes = n * static_cast<int64_t>(" +
+                " + ".join(f"sizeof(*q{k})" for k in range(n_out)) + ");",
+                "    const bool stream = out_bytes >= acg::kStreamMinBytes" +
+                "".join(f" && acg::line_offset(q{k}) == acg::line_offset(q0)" for k in range(1, n_out)) + ";",
+                "    const int64_t lead = stream ? acg::lead_elements(q0) : 0;",
+                "    const int64_t blocks = 1 + (n - lead + acg::kBlock - 1) / acg::kBlock;",
+                f"#pragma omp parallel num_threads(nt) if (n >= {grain})",
+                "    {",
+                "#pragma omp for schedule(static)",
+                "      for (int64_t b = 0; b < blocks; ++b) {",
+                "        const int64_t i0 = b ? lead + (b - 1) * acg::kBlock : 0;",
+                "        const int64_t i1 = b ? (i0 + acg::kBlock < n ? i0 + acg::kBlock : n) : (lead < n ? lead : n);",
+                *prefetch(lambda t: "i0", "        ", outputs=False),
+                "        if (stream && i1 - i0 == acg::kBlock) {",
+                *[f"          alignas(64) {_ctype(o.dtype, k)} w{k}[acg::kBlock];" for k, o in enumerate(kernel.outputs)],
+                "#pragma omp simd",
+                "          for (int64_t j = 0; j < acg::kBlock; ++j) {",
+                "            const int64_t i = i0 + j;",
+                *body(lambda i: "i", lambda k: "j", "            ", "i", out_of=lambda k, at: f"w{k}[{at}]"),
+                "          }",
+                *[f"          acg::stream_bytes(q{k} + i0, w{k}, sizeof w{k}, false);" for k in range(n_out)],
+                "        } else {",
+                *prefetch(lambda t: "i0", "          ", streamed=()),
+                *direct("          "),
+                "        }",
+                "      }",
+                "      if (stream) _mm_sfence();",
+                "    }"]
+    else:
+        flat = ["    const int64_t blocks = (n + acg::kBlock - 1) / acg::kBlock;",
+                f"#pragma omp parallel for num_threads(nt) if (n >= {grain}) schedule(static)",
+                "    for (int64_t b = 0; b < blocks; ++b) {",
+                "      const int64_t i0 = b * acg::kBlock, i1 = i0 + acg::kBlock < n ? i0 + acg::kBlock : n;",
+                *prefetch(lambda t: "i0", "      "),
+                *direct("      "),
+                "    }"]
     lines += ["  if (L.flat) {",
-              f"#pragma omp parallel for simd num_threads(nt) if (n >= {grain}) schedule(static)",
-              "    for (int64_t i = 0; i < n; ++i) {",
-              *body(lambda i: "i", lambda k: "i", "      ", "i"),
-              "    }",
+              *flat,
               "  } else {",
               "    const int64_t inner = L.shape[L.rank - 1], outer = n / inner;",
               *[f"    const int64_t s{t} = L.strides[{t}][L.rank - 1];" for t in range(nt)],
@@ -204,10 +263,16 @@ def render_elementwise(kernel: ir.Elementwise, fn: str) -> str:
               "      for (int64_t o = 0; o < outer; ++o) {",
               f"        int64_t off[{nt}];",
               "        L.offsets(o, off);",
+              "        for (int64_t i0 = 0; i0 < inner; i0 += acg::kBlock) {",
+              "          const int64_t i1 = i0 + acg::kBlock < inner ? i0 + acg::kBlock : inner;",
+              *[f"          if constexpr (!((M >> {i}) & 1)) acg::prefetch_block<false>(p{i} + off[{i}] + i0);"
+                for i in range(n_in)],
+              *prefetch(lambda t: f"off[{t}] + i0", "          ", streamed=()),
               "#pragma omp simd",
-              "        for (int64_t i = 0; i < inner; ++i) {",
-              *body(lambda i: f"off[{i}] + ((M >> {i}) & 1 ? 0 : i)", lambda k: f"off[{n_in + k}] + i", "          ",
+              "          for (int64_t i = i0; i < i1; ++i) {",
+              *body(lambda i: f"off[{i}] + ((M >> {i}) & 1 ? 0 : i)", lambda k: f"off[{n_in + k}] + i", "            ",
                    "(o * inner + i)"),
+              "          }",
               "        }",
               "      }",
               "    };",

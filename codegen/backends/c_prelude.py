@@ -250,6 +250,29 @@ inline const char* check(const AnychipKernelCall* call, int nin, int nout, const
 }
 
 #ifndef __CUDACC__
+// Elementwise loops run in blocks of kBlock elements and, before each, prefetch every streamed
+// tensor kAheadBytes ahead (outputs for writing). The hardware prefetcher alone leaves a kernel
+// that computes much per element stalled on memory: e^x over 64 MB on 2 threads ran at 25 GB/s
+// beside a 34 GB/s copy, with its arithmetic alone good for 85 GB/s; prefetched, 32-35 GB/s.
+constexpr int64_t kBlock = 64;
+constexpr int kAheadBytes = 2048;
+
+template <bool Write, class T>
+inline void prefetch_block(const T* p) {
+  const char* ahead = reinterpret_cast<const char*>(p) + kAheadBytes;
+  for (int b = 0; b < static_cast<int>(kBlock * sizeof(T)); b += 64) __builtin_prefetch(ahead + b, Write, 3);
+}
+
+inline int line_offset(const void* p) { return static_cast<int>(reinterpret_cast<uintptr_t>(p) % 64); }
+
+// elements of *p before the first 64-byte boundary at or after p
+template <class T>
+inline int64_t lead_elements(const T* p) {
+  return static_cast<int64_t>((64 - line_offset(p)) % 64 / sizeof(T));
+}
+#endif
+
+#ifndef __CUDACC__
 // Outputs at least this large (all of a call's rows together) are written a row at a time from an
 // L1 buffer with non-temporal stores, so that the lines they overwrite are not first read from
 // memory (a third of a row kernel's traffic); smaller ones stay in the cache for the next op.
