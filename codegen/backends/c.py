@@ -162,9 +162,9 @@ def _prologue(kernel, fn: str) -> list[str]:
             f"  if (const char* e = acg::check(call, {n_in}, {n_out}, ids)) return acg::fail(call, \"{fn}\", e);"]
 
 
-# Elementwise kernels that compute this much per element write their outputs with ordinary
-# stores: measured on 64 MB, non-temporal stores made add 30% faster (its output lines are no
-# longer read first) but e^x 15% slower.
+# Elementwise kernels with one of these ops write even large outputs with ordinary stores:
+# measured on 64 MB, non-temporal stores made add 30% faster (its output lines are no longer
+# read first) but e^x 15% slower.
 _COSTLY = {"exp", "log", "sigmoid", "tanh", "silu", "pow"}
 
 

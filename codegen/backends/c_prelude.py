@@ -270,12 +270,11 @@ template <class T>
 inline int64_t lead_elements(const T* p) {
   return static_cast<int64_t>((64 - line_offset(p)) % 64 / sizeof(T));
 }
-#endif
 
-#ifndef __CUDACC__
-// Outputs at least this large (all of a call's rows together) are written a row at a time from an
-// L1 buffer with non-temporal stores, so that the lines they overwrite are not first read from
-// memory (a third of a row kernel's traffic); smaller ones stay in the cache for the next op.
+// Outputs at least this large (all of a call's rows together, or a flat elementwise output) are
+// written through an L1 buffer with non-temporal stores, so that the lines they overwrite are
+// not first read from memory (a third of a row kernel's traffic); smaller ones stay in the cache
+// for the next op.
 constexpr int64_t kStreamMinBytes = int64_t{8} << 20;
 
 // bytes from src to dst, the 64-byte-aligned middle with non-temporal stores, then (`fence`) a
