@@ -181,8 +181,14 @@ class CudaBackend:
 # ---- rendering ----------------------------------------------------------------------------
 
 
-def _args_struct(kernel, name: str, extra: list[str]) -> list[str]:
+def _template_names(kernel, fn: str) -> tuple[str, str, str]:
+    """The template head of ``fn``'s kernel and host function, its argument list, and the name
+    of its launch-arguments struct."""
     params, _ = _template_params(kernel)
+    return f"template <{', '.join('class ' + p for p in params)}>", ", ".join(params), f"A_{fn}"
+
+
+def _args_struct(kernel, name: str, extra: list[str]) -> list[str]:
     fields = []
     for i, a in enumerate(kernel.inputs):
         fields.append(f"  const {_ctype(a.dtype)}* p{i};")
@@ -191,7 +197,7 @@ def _args_struct(kernel, name: str, extra: list[str]) -> list[str]:
     for line in _attrs(kernel):  # "  const float a0 = ...;" -> a field
         decl = line.split("=")[0].replace("const ", "").rstrip()
         fields.append(f"{decl};")
-    return [f"template <{', '.join('class ' + p for p in params)}>", f"struct {name} {{", *fields, *extra, "};"]
+    return [_template_names(kernel, "")[0], f"struct {name} {{", *fields, *extra, "};"]
 
 
 def _unpack(kernel) -> list[str]:
@@ -216,10 +222,7 @@ def render_elementwise(kernel: ir.Elementwise, fn: str) -> str:
     n_in, n_out = len(kernel.inputs), len(kernel.outputs)
     nt = n_in + n_out
     block = kernel.knob("block", SCHEDULES[0]["block"])
-    params, _ = _template_params(kernel)
-    tparams = f"template <{', '.join('class ' + p for p in params)}>"
-    targs = ", ".join(params)
-    struct = f"A_{fn}"
+    tparams, targs, struct = _template_names(kernel, fn)
     cx = CExpr(load=lambda i: f"acg::load(p{i}[off[{i}]])", position="i")
     body = [f"    int64_t off[{nt}];",
             "    if (L.flat) {",
@@ -263,10 +266,7 @@ def render_elementwise(kernel: ir.Elementwise, fn: str) -> str:
 def render_rows(kernel: ir.Rows, fn: str) -> str:
     ins, outs = kernel.inputs, kernel.outputs
     block = kernel.knob("block", SCHEDULES[0]["block"])
-    params, _ = _template_params(kernel)
-    tparams = f"template <{', '.join('class ' + p for p in params)}>"
-    targs = ", ".join(params)
-    struct = f"A_{fn}"
+    tparams, targs, struct = _template_names(kernel, fn)
     name = kernel.name
     row_in = [i for i, a in enumerate(ins) if a.role == "row"]
     row_out = [k for k, o in enumerate(outs) if o.role == "row"]
@@ -370,8 +370,7 @@ def _host_head(kernel, fn: str, tparams: str) -> list[str]:
 def render_gather(kernel: ir.Gather, fn: str) -> str:
     block = kernel.knob("block", SCHEDULES[0]["block"])
     t, x = kernel.table, kernel.index
-    params, _ = _template_params(kernel)
-    tparams, targs, struct = f"template <{', '.join('class ' + p for p in params)}>", ", ".join(params), f"A_{fn}"
+    tparams, targs, struct = _template_names(kernel, fn)
     cx = CExpr(load=lambda i: f"acg::load(p{i}[src])" if i == t else "g")
     lines = [*_args_struct(kernel, struct, ["  int64_t n, pre, post, span;"]), tparams,
              f"__global__ void g_{fn}({struct}<{targs}> A) {{", *_unpack(kernel),
@@ -404,8 +403,7 @@ def render_gather(kernel: ir.Gather, fn: str) -> str:
 def render_scatter_add(kernel: ir.ScatterAdd, fn: str) -> str:
     block = kernel.knob("block", SCHEDULES[0]["block"])
     s, x = kernel.source, kernel.index
-    params, _ = _template_params(kernel)
-    tparams, targs, struct = f"template <{', '.join('class ' + p for p in params)}>", ", ".join(params), f"A_{fn}"
+    tparams, targs, struct = _template_names(kernel, fn)
     cx = CExpr(load=lambda i: f"acg::load(p{i}[i * A.post + c])" if i == s else "g")
     n_out = len(kernel.outputs)
     lines = [*_args_struct(kernel, struct, ["  int64_t n, rows, post;", f"  float* acc[{n_out}];"]), tparams,
