@@ -135,7 +135,9 @@ void gemv_scalar(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float
 constexpr int64_t kPrefetchTiles = 2;
 constexpr int64_t kPrefetchNear = 512;  // bytes
 
-// A pass over the columns keeps the rows of x it reads within about this many bytes (L1).
+// A pass over the columns keeps the rows of x it reads within about this many bytes (L1); when
+// all of x fits, each tile takes every pass before the next tile, otherwise each pass goes over
+// all rows in turn.
 constexpr int64_t kXBytes = 24 * 1024;
 
 template <int NR>
@@ -246,16 +248,23 @@ void rows_avx512(const QWeight& w, const XInt8& x, const int32_t* group, int64_t
   const int64_t total = chunks(w.bits, w.k);
   // Passes of the same chunks whatever MR: a row's result must not depend on the rows beside it.
   const int64_t per_pass = std::max<int64_t>(1, kXBytes / (kGemvRows * chunk_bytes(w.bits)));
-  for (int64_t c0 = 0; c0 < total; c0 += per_pass) {
+  auto pass = [&](int64_t na, int64_t nb, int64_t c0) {
     const int64_t c1 = std::min(total, c0 + per_pass);
-    int64_t n = n0;
+    int64_t n = na;
     if (w.bits == 4) {
-      for (; n + NR <= n1; n += NR) tile4<MR, NR>(w, x, group, i0, n, c0, c1, y, ldy, c0 == 0);
-      for (; n < n1; ++n) tile4<MR, 1>(w, x, group, i0, n, c0, c1, y, ldy, c0 == 0);
+      for (; n + NR <= nb; n += NR) tile4<MR, NR>(w, x, group, i0, n, c0, c1, y, ldy, c0 == 0);
+      for (; n < nb; ++n) tile4<MR, 1>(w, x, group, i0, n, c0, c1, y, ldy, c0 == 0);
     } else {
-      for (; n + NR <= n1; n += NR) tile8<MR, NR>(w, x, group, i0, n, c0, c1, y, ldy, c0 == 0);
-      for (; n < n1; ++n) tile8<MR, 1>(w, x, group, i0, n, c0, c1, y, ldy, c0 == 0);
+      for (; n + NR <= nb; n += NR) tile8<MR, NR>(w, x, group, i0, n, c0, c1, y, ldy, c0 == 0);
+      for (; n < nb; ++n) tile8<MR, 1>(w, x, group, i0, n, c0, c1, y, ldy, c0 == 0);
     }
+  };
+  if (MR * total * chunk_bytes(w.bits) <= kXBytes) {
+    // All of x fits in L1: each tile takes the passes in turn, so W streams front to back.
+    for (int64_t n = n0; n < n1; n += NR)
+      for (int64_t c0 = 0; c0 < total; c0 += per_pass) pass(n, std::min(n1, n + NR), c0);
+  } else {
+    for (int64_t c0 = 0; c0 < total; c0 += per_pass) pass(n0, n1, c0);
   }
 }
 
