@@ -8,12 +8,13 @@ Q4_1 -> 4 bits with offsets, w = d q + m = d (q - 8) + (m + 8 d). All three use 
 
 from __future__ import annotations
 
+import sys
 import warnings
 from pathlib import Path
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
-from gguf import GGUFReader
+from gguf import GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 
 from .checkpoint import Checkpoint, CheckpointError, ModelConfig, QuantWeight, tensor_shapes
@@ -42,15 +43,25 @@ def gguf_name(canonical: str) -> str:
 
 
 class _Reader(GGUFReader):
-    """GGUFReader with its one low-level read (``_get``) replaced, for two reasons. Reads past the
-    end of the file fail with a clear message in the header, and read as zeros for tensor data
-    (instead of failing on a short array), so that the loader can name the tensor a truncated
-    file cuts. And reads slice a plain ndarray view of the memory map rather than the np.memmap,
-    whose per-slice bookkeeping made parsing a 49k-token vocabulary take ~3 s instead of ~1 s."""
+    """GGUFReader with its low-level read (``_get``) and its array parsing replaced.
 
-    def _get(self, offset, dtype, count=1, override_order=None):
+    - Reads past the end of the file fail with a clear message in the header, and read as zeros
+      for tensor data (instead of failing on a short array), so that the loader can name the
+      tensor a truncated file cuts.
+    - Reads slice a plain ndarray view of the memory map rather than the np.memmap, whose
+      per-slice bookkeeping made parsing a 49k-token vocabulary take ~3 s instead of ~1 s.
+    - Arrays of numbers become one part, and arrays of strings are walked with plain integer
+      reads, instead of two numpy views per element: SmolLM2's header (98k strings) parses in
+      ~0.1 s instead of ~0.6 s. The fields' ``contents()`` are the same.
+    """
+
+    def _file_bytes(self) -> np.ndarray:
         if self.__dict__.get("_plain") is None:
             self._plain = self.data.view(np.ndarray)
+        return self._plain
+
+    def _get(self, offset, dtype, count=1, override_order=None):
+        self._file_bytes()
         dtype, count = np.dtype(dtype), int(count)
         if offset + dtype.itemsize * count > len(self._plain):
             if "data_offset" not in self.__dict__:  # set once the header is parsed
@@ -58,6 +69,31 @@ class _Reader(GGUFReader):
             return np.zeros(count, dtype)
         arr = self._plain[offset:offset + dtype.itemsize * count].view(dtype)
         return arr.view(arr.dtype.newbyteorder(self.byte_order if override_order is None else override_order))
+
+    def _get_field_parts(self, orig_offs, raw_type):
+        if raw_type != GGUFValueType.ARRAY:
+            return super()._get_field_parts(orig_offs, raw_type)
+        item_type, length = self._get(orig_offs, np.uint32), self._get(orig_offs + 4, np.uint64)
+        sub = GGUFValueType(int(item_type[0]))
+        head, offs, count = [item_type, length], orig_offs + 12, int(length[0])
+        scalar = self.gguf_scalar_to_np.get(sub)
+        if scalar is not None:
+            values = self._get(offs, scalar, count)
+            return 12 + int(values.nbytes), head + [values], [2], [GGUFValueType.ARRAY, sub]
+        if sub != GGUFValueType.STRING:  # arrays of arrays: gguf's own walk
+            return super()._get_field_parts(orig_offs, raw_type)
+        # Each string is a uint64 length and its bytes; the parts are memoryview slices (what
+        # contents() reads with .tobytes()), their indices every one of them.
+        raw = memoryview(self._file_bytes())
+        order = sys.byteorder if self.byte_order == "I" else {"little": "big", "big": "little"}[sys.byteorder]
+        strings = []
+        for _ in range(count):
+            size = int.from_bytes(raw[offs:offs + 8], order)  # a cut length reads short: caught below
+            if offs + 8 + size > len(raw):
+                raise ValueError(f"the header runs past the end of the file ({len(raw)} bytes)")
+            strings.append(raw[offs + 8:offs + 8 + size])
+            offs += 8 + size
+        return offs - orig_offs, head + strings, list(range(2, 2 + count)), [GGUFValueType.ARRAY, sub]
 
 
 def open_gguf(path: Path) -> GGUFReader:

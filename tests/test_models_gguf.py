@@ -199,6 +199,45 @@ def test_truncated_file_names_the_cut_tensor(tmp_path, tok):
         load_checkpoint(path)
 
 
+def test_header_arrays_read_as_gguf_reads_them(tmp_path):
+    """anychip's reader walks header arrays its own (faster) way: every kind of value must come
+    back as gguf's own GGUFReader gives it, and a cut inside a string array is a clear error."""
+    import gguf
+
+    from anychip_models.gguf_file import open_gguf
+
+    path = tmp_path / "arrays.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_array("t.strings", ["", "a", "héllo ▁wörld", "x" * 300, "\n"])
+    writer.add_array("t.empty", [])
+    writer.add_array("t.ints", [3, -1, 2**20])
+    writer.add_array("t.floats", [0.5, -2.25, 1e-5])
+    writer.add_array("t.bools", [True, False, True])
+    writer.add_array("t.nested", [[1, 2], [3]])
+    writer.add_string("t.name", "tiny")
+    writer.add_uint32("t.count", 7)
+    writer.add_tensor("w", np.arange(12, dtype=np.float32).reshape(3, 4))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    ours, theirs = open_gguf(path), gguf.GGUFReader(path)
+    assert list(ours.fields) == list(theirs.fields)
+    for key, field in theirs.fields.items():
+        assert ours.fields[key].contents() == field.contents(), key
+        assert ours.fields[key].types == field.types, key
+    assert ours.fields["t.strings"].contents() == ["", "a", "héllo ▁wörld", "x" * 300, "\n"]
+    assert ours.data_offset == theirs.data_offset
+    np.testing.assert_array_equal(ours.tensors[0].data, theirs.tensors[0].data)
+
+    data = path.read_bytes()
+    cut = data.index(b"x" * 300) + 100  # inside the fourth string
+    path.write_bytes(data[:cut])
+    with pytest.raises(CheckpointError, match=rf"header runs past the end of the file \({cut} bytes\)"):
+        open_gguf(path)
+
+
 def test_unsupported_tensor_type(tmp_path, tok):
     _, _, path = make(tmp_path, tok, types={"layers.1.up_proj": T.Q5_0})
     with pytest.raises(CheckpointError, match=r"'blk\.1\.ffn_up\.weight' has type Q5_0, which is not supported "
