@@ -52,8 +52,9 @@ def place(device: tuple[str, int]):
 
 
 def empty(shape, dtype: str, device: tuple[str, int]):
-    """An uninitialised tensor on ``device`` (kernels write every element of their outputs)."""
-    return paddle().empty(list(shape), dtype=dtype, device=place(device))
+    """An uninitialised tensor on ``device`` (kernels write every element of their outputs).
+    Straight to the op under ``paddle.empty``: its argument handling cost ~3 of its 4.5 us."""
+    return paddle()._C_ops.empty(list(shape), dtype, place(device))
 
 
 def zeros(shape, dtype: str, device: tuple[str, int]):
