@@ -60,14 +60,17 @@ class _Reader(GGUFReader):
             self._plain = self.data.view(np.ndarray)
         return self._plain
 
+    def _past_end(self) -> ValueError:
+        return ValueError(f"the header runs past the end of the file ({len(self._file_bytes())} bytes)")
+
     def _get(self, offset, dtype, count=1, override_order=None):
-        self._file_bytes()
+        plain = self._file_bytes()
         dtype, count = np.dtype(dtype), int(count)
-        if offset + dtype.itemsize * count > len(self._plain):
+        if offset + dtype.itemsize * count > len(plain):
             if "data_offset" not in self.__dict__:  # set once the header is parsed
-                raise ValueError(f"the header runs past the end of the file ({len(self._plain)} bytes)")
+                raise self._past_end()
             return np.zeros(count, dtype)
-        arr = self._plain[offset:offset + dtype.itemsize * count].view(dtype)
+        arr = plain[offset:offset + dtype.itemsize * count].view(dtype)
         return arr.view(arr.dtype.newbyteorder(self.byte_order if override_order is None else override_order))
 
     def _get_field_parts(self, orig_offs, raw_type):
@@ -90,7 +93,7 @@ class _Reader(GGUFReader):
         for _ in range(count):
             size = int.from_bytes(raw[offs:offs + 8], order)  # a cut length reads short: caught below
             if offs + 8 + size > len(raw):
-                raise ValueError(f"the header runs past the end of the file ({len(raw)} bytes)")
+                raise self._past_end()
             strings.append(raw[offs + 8:offs + 8 + size])
             offs += 8 + size
         return offs - orig_offs, head + strings, list(range(2, 2 + count)), [GGUFValueType.ARRAY, sub]
