@@ -394,7 +394,8 @@ def test_weight_only_linear_with_offsets(device, dtype, m, n, k_blocks, bits, gr
 @pytest.mark.parametrize("dtype", FLOATS)
 @SETTINGS
 @given(m=st.integers(1, 12), n=st.integers(1, 70), k_blocks=st.integers(1, 6), bits=st.sampled_from([4, 8]),
-       group_size=st.sampled_from([-1, 32, 64]), offsets=st.booleans(), bias=st.booleans(), seed=st.integers(0, 99))
+       group_size=st.sampled_from([-1, 32, 64, 128]), offsets=st.booleans(), bias=st.booleans(),
+       seed=st.integers(0, 99))
 def test_weight_only_linear_x_int8(device, dtype, m, n, k_blocks, bits, group_size, offsets, bias, seed):
     """x quantized to int8 per run of 32 (forward only), against the reference's float64 math."""
     rng = np.random.default_rng(seed)
@@ -470,16 +471,18 @@ def test_weight_only_linear_bf16_compute(device):
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("x_int8", [False, True])
-def test_weight_only_linear_rows_do_not_depend_on_the_batch(bits, x_int8):
+@pytest.mark.parametrize("group_size", [64, 128])
+def test_weight_only_linear_rows_do_not_depend_on_the_batch(bits, x_int8, group_size):
     """Decode-sized products give each row of x the bits it gets alone, whatever the batch
-    (K = 1536 spans several of the kernels' k chunks): continuous batching relies on it."""
+    (K = 1536 spans several of the kernels' k chunks): continuous batching relies on it. Groups
+    of 128 take the 4-bit x_int8 kernel's one-scale-per-chunk path, groups of 64 the other."""
     rng = np.random.default_rng(bits)
     k, n = 1536, 48
-    qweight, scales = ops.weight_quantize(tensor(rng.standard_normal((k, n)), "cpu", "float32"), bits, 64)
+    qweight, scales = ops.weight_quantize(tensor(rng.standard_normal((k, n)), "cpu", "float32"), bits, group_size)
     x = rng.standard_normal((16, k)).astype(np.float32)
 
     def run(rows):
-        return host(ops.weight_only_linear(tensor(rows, "cpu"), qweight, scales, bits=bits, group_size=64,
+        return host(ops.weight_only_linear(tensor(rows, "cpu"), qweight, scales, bits=bits, group_size=group_size,
                                            x_int8=x_int8))
 
     alone = np.concatenate([run(x[i:i + 1]) for i in range(8)])

@@ -9,10 +9,14 @@
 // 8 bits: the weights are the signed operand and x + 128 the unsigned one; each lane's sum starts
 // at -128 times the sum of its four weights (a product of the weights with 128s).
 //
-// The rest of each product is float: lane by lane, sum * (sx * scale of the lane's group).
+// The rest of each product is float: lane by lane, sum * (sx * scale of the lane's group); with
+// 4-bit groups of a multiple of 128 k, a chunk's two halves are summed times sx first and the
+// row's one scale applied once (8 vector operations per chunk and row instead of 13: from L2,
+// 35 -> 44 GB/s).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "quant.h"
@@ -171,8 +175,9 @@ QUANT_INLINE void lane_fma(__m512 (&acc)[MR][NR], int i, int r, __m512i sums, __
 }
 
 // Rows n .. n + NR - 1 of 4-bit W against rows i0 .. i0 + MR - 1 of x over the chunks [c0, c1).
-// group[4c + j] is the group of run 4c + j.
-template <int MR, int NR>
+// group[4c + j] is the group of run 4c + j. kChunkGroups: the group size is a multiple of 128, so
+// a chunk's runs share one scale per row, applied once to the chunk's two halves' lane sums.
+template <int MR, int NR, bool kChunkGroups>
 QUANT_AVX512 void tile4(const QWeight& w, const XInt8& x, const int32_t* group, int64_t i0, int64_t n, int64_t c0,
                         int64_t c1, float* y, int64_t ldy, bool first) {
   const Rows<NR> rows(w, n);
@@ -193,8 +198,10 @@ QUANT_AVX512 void tile4(const QWeight& w, const XInt8& x, const int32_t* group, 
       const __m512i b = _mm512_maskz_loadu_epi8(mask, rows.row[r] + 64 * c);
       lo[r] = _mm512_and_si512(b, low4);
       hi[r] = _mm512_and_si512(_mm512_srli_epi16(b, 4), low4);
-      slo[r] = rows.scales(r, g[0], g[2]);
-      shi[r] = rows.scales(r, g[1], g[3]);
+      if (!kChunkGroups) {
+        slo[r] = rows.scales(r, g[0], g[2]);
+        shi[r] = rows.scales(r, g[1], g[3]);
+      }
     }
     for (int i = 0; i < MR; ++i) {
       const uint8_t* p = xr[i] + chunk_bytes(4) * c;
@@ -202,8 +209,14 @@ QUANT_AVX512 void tile4(const QWeight& w, const XInt8& x, const int32_t* group, 
       const __m512i start_lo = _mm512_load_si512(p + 128), start_hi = _mm512_load_si512(p + 192);
       const __m512 sx_lo = _mm512_load_ps(p + 256), sx_hi = _mm512_load_ps(p + 320);
       for (int r = 0; r < NR; ++r) {
-        lane_fma<MR, NR>(acc, i, r, _mm512_dpbusd_epi32(start_lo, lo[r], xlo), sx_lo, slo[r]);
-        lane_fma<MR, NR>(acc, i, r, _mm512_dpbusd_epi32(start_hi, hi[r], xhi), sx_hi, shi[r]);
+        if (kChunkGroups) {
+          __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start_lo, lo[r], xlo)), sx_lo);
+          t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start_hi, hi[r], xhi)), sx_hi, t);
+          acc[i][r] = _mm512_fmadd_ps(t, _mm512_set1_ps(rows.sc[r][g[0]]), acc[i][r]);
+        } else {
+          lane_fma<MR, NR>(acc, i, r, _mm512_dpbusd_epi32(start_lo, lo[r], xlo), sx_lo, slo[r]);
+          lane_fma<MR, NR>(acc, i, r, _mm512_dpbusd_epi32(start_hi, hi[r], xhi), sx_hi, shi[r]);
+        }
       }
     }
   }
@@ -248,12 +261,18 @@ void rows_avx512(const QWeight& w, const XInt8& x, const int32_t* group, int64_t
   const int64_t total = chunks(w.bits, w.k);
   // Passes of the same chunks whatever MR: a row's result must not depend on the rows beside it.
   const int64_t per_pass = std::max<int64_t>(1, kXBytes / (kGemvRows * chunk_bytes(w.bits)));
+  const bool chunk_groups = w.group % chunk_k(4) == 0;
   auto pass = [&](int64_t na, int64_t nb, int64_t c0) {
     const int64_t c1 = std::min(total, c0 + per_pass);
     int64_t n = na;
-    if (w.bits == 4) {
-      for (; n + NR <= nb; n += NR) tile4<MR, NR>(w, x, group, i0, n, c0, c1, y, ldy, c0 == 0);
-      for (; n < nb; ++n) tile4<MR, 1>(w, x, group, i0, n, c0, c1, y, ldy, c0 == 0);
+    auto tiles4 = [&](auto kChunkGroups) {
+      for (; n + NR <= nb; n += NR) tile4<MR, NR, kChunkGroups>(w, x, group, i0, n, c0, c1, y, ldy, c0 == 0);
+      for (; n < nb; ++n) tile4<MR, 1, kChunkGroups>(w, x, group, i0, n, c0, c1, y, ldy, c0 == 0);
+    };
+    if (w.bits == 4 && chunk_groups) {
+      tiles4(std::true_type{});
+    } else if (w.bits == 4) {
+      tiles4(std::false_type{});
     } else {
       for (; n + NR <= nb; n += NR) tile8<MR, NR>(w, x, group, i0, n, c0, c1, y, ldy, c0 == 0);
       for (; n < nb; ++n) tile8<MR, 1>(w, x, group, i0, n, c0, c1, y, ldy, c0 == 0);
