@@ -355,6 +355,9 @@ X_INT8_CASES = {
     "int8-channel": dict.fromkeys(KINDS, FORMATS["int8-channel"]),
     "mixed": dict(qkv=FORMATS["int8-g32"], o=FORMATS["f32"], gate_up=FORMATS["int4-g32-offsets"],
                   down=(8, 64, True), head=FORMATS["int4-g64"]),
+    # groups of 128 and per-channel with K = 128: one scale per 128-k chunk (down, K = 192: not)
+    "int4-g128": dict(qkv=(4, 128, False), o=(4, 128, False), gate_up=(4, 128, True), down=(4, -1, False),
+                      head=(4, -1, False)),
 }
 
 
