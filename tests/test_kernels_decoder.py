@@ -1,7 +1,8 @@
 """The decoder_step kernel and op against a float64 numpy decoder written here.
 
 A tiny random model (two layers, grouped-query heads) steps three sequences at different
-positions over caches pre-filled with random history. Weights are float32 or quantized with
+positions over caches pre-filled with random history (float32, or bfloat16 / float16, whose
+written slots the oracle rounds as the kernel must). Weights are float32 or quantized with
 random codes, scales and offsets, or bfloat16, whose exact float64 values the oracle uses, so
 only the kernel's float32 arithmetic is measured (a bfloat16 LIN also rounds its input to
 bfloat16, as the oracle does). The caches must change in exactly the written slots.
@@ -115,14 +116,30 @@ def kernel_inputs(model) -> tuple[list, list]:
     return arrays, attrs
 
 
-def make_state(seed: int, positions=POSITIONS, cfg=CFG):
-    """x [B, C] and caches [L, B, S, Hk, D] holding random history."""
+def make_state(seed: int, positions=POSITIONS, cfg=CFG, kv: str = "float32"):
+    """x [B, C] and caches [L, B, S, Hk, D] of dtype ``kv`` holding random history (bfloat16 as
+    uint16 bits)."""
     rng = np.random.default_rng(seed + 1)
     b = len(positions)
     x = rng.standard_normal((b, cfg["C"])).astype(np.float32)
     shape = (cfg["L"], b, cfg["S"], cfg["Hk"], cfg["D"])
-    return (x, np.array(positions, np.int64), rng.standard_normal(shape).astype(np.float32),
-            rng.standard_normal(shape).astype(np.float32))
+    caches = [kv_store(rng.standard_normal(shape), kv) for _ in range(2)]
+    return (x, np.array(positions, np.int64), *caches)
+
+
+def kv_dtype(cache: np.ndarray) -> str:
+    return {np.dtype(np.uint16): "bfloat16", np.dtype(np.float16): "float16"}.get(cache.dtype, "float32")
+
+
+def kv_store(a: np.ndarray, kv: str) -> np.ndarray:
+    """float64 ``a`` as a cache of dtype ``kv`` holds it: through float32, then rounded to nearest
+    even (bfloat16 as uint16 bits)."""
+    a = a.astype(np.float32)
+    return to_bf16_bits(a) if kv == "bfloat16" else a.astype(np.float16) if kv == "float16" else a
+
+
+def kv_values(cache: np.ndarray) -> np.ndarray:
+    return bf16_values(cache) if cache.dtype == np.uint16 else cache.astype(np.float64)
 
 
 # ---- the oracle --------------------------------------------------------------------------------
@@ -162,10 +179,12 @@ def product(model, a, lin):
 
 
 def oracle(model, x, positions, k_cache, v_cache):
-    """(logits, k_cache, v_cache) in float64, caches updated."""
+    """(logits, k_cache, v_cache) in float64, caches updated; a 16-bit cache's new slots rounded
+    to its dtype before the attention reads them."""
     cfg = model["cfg"]
     hq, hk, d, f, eps = cfg["Hq"], cfg["Hk"], cfg["D"], cfg["F"], cfg["eps"]
-    kc, vc = k_cache.astype(np.float64), v_cache.astype(np.float64)
+    kv = kv_dtype(k_cache)
+    kc, vc = kv_values(k_cache), kv_values(v_cache)
     h = x.astype(np.float64)
     b = len(h)
     for i, layer in enumerate(model["layers"]):
@@ -177,7 +196,7 @@ def oracle(model, x, positions, k_cache, v_cache):
         v = qkv[:, (hq + hk) * d:].reshape(b, hk, d)
         o = np.zeros((b, hq, d))
         for s, pos in enumerate(positions):
-            kc[i, s, pos], vc[i, s, pos] = k[s], v[s]
+            kc[i, s, pos], vc[i, s, pos] = kv_values(kv_store(k[s], kv)), kv_values(kv_store(v[s], kv))
             for head in range(hq):
                 keys, values = kc[i, s, :pos + 1, head // (hq // hk)], vc[i, s, :pos + 1, head // (hq // hk)]
                 scores = keys @ q[s, head] / np.sqrt(d)
@@ -211,6 +230,14 @@ def uses_bf16(model) -> bool:
     return any(fmt[0] == 16 for fmt in model["formats"].values())
 
 
+def step_tolerance(model, state) -> tuple[float, float]:
+    """The relative tolerance of a step's logits, and of the values it writes to the caches."""
+    # A 16-bit cache: the kernel rounds its float32 k and v, the oracle float64 ones made float32;
+    # now and then a value close to half a step rounds the other way (one step of the dtype).
+    kv_tol = {"float32": 0.0, "bfloat16": 2**-7, "float16": 2**-10}[kv_dtype(state[2])]
+    return max(5e-3 if uses_bf16(model) else 1e-4, kv_tol / 4), kv_tol
+
+
 def check_step(model, state, got) -> None:
     logits, k_cache, v_cache = got
     want, kc, vc = oracle(model, *state)
@@ -218,13 +245,14 @@ def check_step(model, state, got) -> None:
     # The kernel rounds float32 activations to bfloat16, the oracle float64 ones: now and then one
     # rounds the other way (one bfloat16 step), and the layers after it see slightly different
     # inputs, which round differently in turn.
-    tol = 5e-3 if uses_bf16(model) else 1e-4
+    tol, kv_tol = step_tolerance(model, state)
     np.testing.assert_allclose(logits, want, rtol=tol, atol=tol * scale)
     written = np.zeros(k_cache.shape[:3], bool)
     written[:, np.arange(len(state[1])), state[1]] = True
     for got_cache, want_cache, before in ((k_cache, kc, state[2]), (v_cache, vc, state[3])):
-        np.testing.assert_array_equal(got_cache[~written], before[~written])
-        np.testing.assert_allclose(got_cache[written], want_cache[written], rtol=tol, atol=tol)
+        np.testing.assert_array_equal(kv_values(got_cache[~written]), kv_values(before[~written]))
+        np.testing.assert_allclose(kv_values(got_cache[written]), want_cache[written], rtol=max(tol, kv_tol),
+                                   atol=max(tol, kv_tol))
 
 
 def isa_cases() -> None:
@@ -238,6 +266,8 @@ def isa_cases() -> None:
             if fmt[0] in (4, 8):
                 check_step(dict(model, x_int8=True), state, step(dict(model, x_int8=True), state))
     bf16_batch_invariance_case()
+    for kv in ("bfloat16", "float16"):
+        kv_cache_case(kv)
 
 
 # ---- tests: the kernel -------------------------------------------------------------------------
@@ -248,6 +278,44 @@ def test_matches_oracle(name, bias):
     model = make_model(7, dict.fromkeys(KINDS, FORMATS[name]), bias)
     state = make_state(7)
     check_step(model, state, step(model, state))
+
+
+def kv_cache_case(kv: str) -> None:
+    """16-bit caches: long enough to span several key blocks, and a step after a step, whose
+    attention reads the slot the first wrote, rounded."""
+    cfg = dict(CFG, S=700)
+    model = make_model(14, dict.fromkeys(KINDS, FORMATS["int4-g32-offsets"]), True, cfg)
+    state = make_state(14, positions=(0, 255, 699, 31), cfg=cfg, kv=kv)
+    first = step(model, state)
+    check_step(model, state, first)
+    again = (state[0][::-1].copy(), state[1] + np.array([1, 1, -1, 1]), first[1], first[2])
+    check_step(model, again, step(model, again))
+
+
+@pytest.mark.parametrize("kv", ["bfloat16", "float16"])
+def test_16bit_kv_caches_match_oracle(kv):
+    kv_cache_case(kv)
+
+
+@pytest.mark.parametrize("kv", ["bfloat16", "float16"])
+def test_16bit_kv_cache_thread_counts_agree_bit_for_bit(kv):
+    cfg = dict(CFG, S=600)
+    model = make_model(15, dict.fromkeys(KINDS, FORMATS["int8-g32"]), False, cfg)
+    state = make_state(15, (599, 130, 7), cfg, kv=kv)
+    results = [step(model, state, n) for n in (1, 2, 3, 5)]
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_16bit_kv_cache_is_read_as_stored():
+    """The same step over the same history stored in float32 and in bfloat16 differs by more
+    than the float32 tolerance: the kernel reads the 16-bit values, it does not ignore them."""
+    model = make_model(16, dict.fromkeys(KINDS, FORMATS["f32"]), False)
+    x, positions, k_cache, v_cache = make_state(16)
+    wide = step(model, (x, positions, k_cache, v_cache))[0]
+    narrow = step(model, (x, positions, to_bf16_bits(k_cache), to_bf16_bits(v_cache)))[0]
+    assert np.abs(wide - narrow).max() > 1e-3 * np.abs(wide).max()
 
 
 def test_formats_differ_by_kind():
@@ -411,8 +479,12 @@ def test_rejects_what_it_cannot_do():
     with pytest.raises(RuntimeError, match=r"layers\[1\]\.o\.scales must be float32 \[128, 2\]"):
         scales = model["layers"][1]["o"]["arrays"][1]
         run(inputs=[x, positions] + [np.zeros((128, 3), np.float32) if a is scales else a for a in weights])
-    with pytest.raises(RuntimeError, match="k_cache must be contiguous float32"):
+    with pytest.raises(RuntimeError, match=r"k_cache must be contiguous \[2, 3, 16, 2, 32\]"):
         run(outputs=[logits, k_cache[:, :, :, :1].copy(), v_cache])
+    with pytest.raises(RuntimeError, match=r"v_cache must be contiguous \[2, 3, 16, 2, 32\] of k_cache's dtype"):
+        run(outputs=[logits, k_cache, v_cache.astype(np.float16)])
+    with pytest.raises(RuntimeError, match="k_cache: dtype .* is not float32, bfloat16 or float16"):
+        run(outputs=[logits, k_cache.astype(np.float64), v_cache.astype(np.float64)])
     with pytest.raises(RuntimeError, match="inputs given"):
         run(inputs=[x, positions] + weights + [x])
     with pytest.raises(RuntimeError, match="head has bits 3"):
@@ -462,7 +534,8 @@ def op_step(model, state, device, reference=False):
     from ops_helpers import host, tensor
 
     weights = op_weights(model, device)
-    x, positions, k_cache, v_cache = (tensor(a, device) for a in state)
+    x, positions, k_cache, v_cache = (tensor(kv_values(a).astype(np.float32), device, kv_dtype(a))
+                                      if a is state[2] or a is state[3] else tensor(a, device) for a in state)
     if reference:
         logits = _DecoderStep(weights, state[1].tolist()).reference(x, positions, k_cache, v_cache)
     else:
@@ -495,8 +568,33 @@ def assert_op_matches_reference(model, state, device):
     want = op_step(model, state, "cpu", reference=True)
     check_step(model, state, got)
     check_step(model, state, want)
-    tol = 5e-3 if uses_bf16(model) else 1e-4
+    tol = step_tolerance(model, state)[0]
     np.testing.assert_allclose(got[0], want[0], rtol=tol, atol=tol * np.abs(want[0]).max())
+
+
+@pytest.mark.parametrize("device", ["cpu", "npu"])
+@pytest.mark.parametrize("kv", ["bfloat16", "float16"])
+def test_op_with_16bit_kv_caches_equals_its_reference(device, kv):
+    assert_op_matches_reference(make_model(17, dict.fromkeys(KINDS, FORMATS["int4-g32-offsets"]), True),
+                                make_state(17, kv=kv), device)
+
+
+def test_op_picks_the_kernel_by_the_caches_dtype(monkeypatch):
+    """A device with a float32 decoder_step kernel but no bfloat16 one runs the reference for a
+    bfloat16 cache, counted under bfloat16, and its kernel for a float32 cache."""
+    import anychip
+    from anychip.plugins import registry
+
+    kernels = registry().kernels
+    monkeypatch.setattr(kernels, "_kernels", dict(kernels._kernels))
+    kernels._kernels.pop(("decoder_step", "cpu", "bfloat16"))
+    model = make_model(18, dict.fromkeys(KINDS, FORMATS["int8-g32"]), False)
+    anychip.reset_fallbacks()
+    state = make_state(18, kv="bfloat16")
+    check_step(model, state, op_step(model, state, "cpu"))
+    assert decoder_fallbacks() == {("cpu", "anychip.decoder_step", "bfloat16"): 1}
+    op_step(model, make_state(18), "cpu")
+    assert decoder_fallbacks() == {("cpu", "anychip.decoder_step", "bfloat16"): 1}
 
 
 @pytest.mark.parametrize("device", ["cpu", "npu"])
@@ -567,6 +665,10 @@ def test_op_rejects_bad_input_naming_it():
         (lambda: ops.decoder_step(x, positions, weights, k_cache[:, :, :, :1].contiguous(), v_cache),
          "k_cache must have shape"),
         (lambda: ops.decoder_step(x, positions, weights, k_cache, v_cache[:1].contiguous()), "v_cache must have shape"),
+        (lambda: ops.decoder_step(x, positions, weights, k_cache.astype("float64"), v_cache.astype("float64")),
+         "k_cache has dtype float64, expected one of float32, bfloat16, float16"),
+        (lambda: ops.decoder_step(x, positions, weights, k_cache.astype("bfloat16"), v_cache.astype("float16")),
+         "v_cache has dtype float16, expected one of bfloat16"),
         (lambda: ops.decoder_step(x, tensor(np.array([0, 16, 2]), "cpu"), weights, k_cache, v_cache),
          "positions[1] = 16 is outside the cache's slots [0, 16)"),
         (lambda: ops.decoder_step(x, tensor(np.array([0, 1, 2], np.int32), "cpu"), weights, k_cache, v_cache),

@@ -422,9 +422,11 @@ def _decoder_step(dtype, rng):
                  "positions": positions} | ({"cache_rows": rows} if rows else {})
         summary = (f"x[{len(positions)}, {c}], caches{list(cache_shape)}, "
                    + ", ".join(f"{k}={v}" for k, v in cfg.items()))
+        # The dtype under test is the caches'; activations and weights are float32 whatever it is.
         out.append(Case(label, inputs, functools.partial(_decoder_call, fmt, bias),
                         functools.partial(_decoder_reference, fmt, bias), ("logits", "k_cache", "v_cache"),
-                        attrs, summary=summary))
+                        attrs, summary=summary,
+                        float32_inputs=tuple(n for n in inputs if n not in ("k_cache", "v_cache"))))
     return out
 
 

@@ -21,11 +21,13 @@ import numpy as np
 
 from . import checks
 from .attention import reference_attention
-from .dispatch import OpImpl, descriptor, device_label, device_of, empty, launch, paddle, run
+from .dispatch import OpImpl, descriptor, device_label, device_of, dtype_name, empty, launch, paddle, run
 from .quant import dequantize, quantize_x_int8
 from .rotary import _Rotary
 
 OP = "decoder_step"
+# The KV cache's dtypes, which pick the kernel (x and the logits are float32 whatever they are).
+CACHE_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True, eq=False)
@@ -271,9 +273,9 @@ class _DecoderStep(OpImpl):
                 q, k, v = pd.split(qkv.reshape([b, 1, hq + 2 * hk, d]), [hq, hk, hk], axis=2)
                 q, k = rope.reference(q, k, positions.reshape([b, 1]))
                 for s, pos in enumerate(self.positions):
-                    k_cache[i, rows[s], pos] = k[s, 0]
-                    v_cache[i, rows[s], pos] = v[s, 0]
-                keys, values = (pd.index_select(c[i], row_index) for c in (k_cache, v_cache))
+                    k_cache[i, rows[s], pos] = k[s, 0].astype(k_cache.dtype)
+                    v_cache[i, rows[s], pos] = v[s, 0].astype(v_cache.dtype)
+                keys, values = (pd.index_select(c[i].astype("float32"), row_index) for c in (k_cache, v_cache))
                 o, _lse = reference_attention(q, keys, values, 1.0 / math.sqrt(d), False, visible)
                 h = h + linear(o.reshape([b, hq * d]), layer.o, hq * d)
                 g, u = pd.split(linear(norm(h, layer.ffn_norm), layer.gate_up, w.hidden), 2, axis=-1)
@@ -286,9 +288,11 @@ def decoder_step(x, positions, weights: DecoderWeights, k_cache, v_cache, cache_
     [B] (each sequence's position, also its cache slot) through every layer of ``weights`` ->
     logits float32 [B, V].
 
-    ``k_cache`` and ``v_cache`` float32 [L, R, S, Hk, D] are updated in place: each layer writes
-    slot ``positions[b]`` (k after RoPE) of sequence b's cache row before attending over slots
-    0 .. positions[b]. Sequence b's row is ``cache_rows[b]`` (int64 [B], distinct rows in
+    ``k_cache`` and ``v_cache`` [L, R, S, Hk, D], float32, bfloat16 or float16 (both the same; a
+    16-bit cache holds half the bytes, which long contexts read every step), are updated in
+    place: each layer writes slot ``positions[b]`` (k after RoPE, rounded to the cache's dtype)
+    of sequence b's cache row before attending over slots 0 .. positions[b], its own included
+    as the cache holds it. The kernel is chosen by the cache's dtype. Sequence b's row is ``cache_rows[b]`` (int64 [B], distinct rows in
     [0, R)), or b when ``cache_rows`` is None (then R = B): with rows, any B sequences of a cache
     with room for R decode together, as continuous batching needs. Forward only.
     """
@@ -304,6 +308,7 @@ def decoder_step(x, positions, weights: DecoderWeights, k_cache, v_cache, cache_
     checks.dtype(OP, "positions", positions, ("int64",))
     checks.shape(OP, "positions", positions, [b], "[batch]")
     checks.rank(OP, "k_cache", k_cache, 5, "[layers, batch, slots, kv_heads, head_dim]")
+    kv_dtype = checks.dtype(OP, "k_cache", k_cache, CACHE_DTYPES)
     s = k_cache.shape[2]
     rows = None
     if cache_rows is not None:
@@ -316,7 +321,7 @@ def decoder_step(x, positions, weights: DecoderWeights, k_cache, v_cache, cache_
             _fail(f"cache_rows {rows} must be distinct rows of the cache's [0, {r})")
     cache = [weights.num_layers, b if rows is None else k_cache.shape[1], s, weights.num_kv_heads, weights.head_dim]
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        checks.dtype(OP, name, t, ("float32",))
+        checks.dtype(OP, name, t, (kv_dtype,))
         checks.shape(OP, name, t, cache, "[layers, batch, slots, kv_heads, head_dim]")
         if not t.is_contiguous():
             _fail(f"{name} is not contiguous; it is updated in place")
@@ -330,5 +335,5 @@ def decoder_step(x, positions, weights: DecoderWeights, k_cache, v_cache, cache_
         if not 0 <= p < s:
             _fail(f"positions[{i}] = {p} is outside the cache's slots [0, {s})")
     extra = [] if rows is None else [cache_rows]
-    return run(_DecoderStep(weights, pos, rows), weights.device, "float32", x, positions, k_cache, v_cache, *extra,
+    return run(_DecoderStep(weights, pos, rows), weights.device, kv_dtype, x, positions, k_cache, v_cache, *extra,
                differentiable=False)

@@ -53,8 +53,8 @@ OPS = {s.name: s for s in (
            {"float32": (1e-5, 1e-4), "bfloat16": (2e-2, 5e-2), "float16": (4e-3, 4e-3)}),
     OpSpec("adamw_step", "fused AdamW over a list of parameters (in place)", ("float32", "bfloat16"), False,
            {"float32": (1e-6, 1e-7), "bfloat16": (1e-2, 1e-2)}),
-    OpSpec("decoder_step", "a Llama-family decode step in one launch, KV cache in place", ("float32",), False,
-           {"float32": (1e-4, 1e-4)}),
+    OpSpec("decoder_step", "a Llama-family decode step in one launch, KV cache in place (dtype: the cache's)",
+           _FLOATS, False, {"float32": (1e-4, 1e-4), "bfloat16": (1e-2, 1e-2), "float16": (2e-3, 2e-3)}),
 )}
 
 _SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}

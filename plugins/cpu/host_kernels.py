@@ -30,7 +30,7 @@ HOST_KERNELS = {
     "weight_only_linear": ("weight_only_linear", "weight_only_linear_grad", _FLOATS),
     "w8a8_linear": ("w8a8_linear", None, _FLOATS),
     "adamw_step": ("adamw_step", None, ("float32", "bfloat16")),
-    "decoder_step": ("decoder_step", None, ("float32",)),
+    "decoder_step": ("decoder_step", None, _FLOATS),
 }
 
 

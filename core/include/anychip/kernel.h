@@ -104,7 +104,8 @@
  *   decoder_step:    one new token per sequence through L pre-norm decoder layers of the Llama
  *                    family (RMSNorm, RoPE, grouped-query attention over a KV cache, SwiGLU MLP),
  *                    then the final norm and the output projection: the decode step of
- *                    generation in one launch. float32 only.
+ *                    generation in one launch. float32 activations; the KV cache float32,
+ *                    bfloat16 or float16 (the dtype the op is registered under).
  *                    inputs: x f32[B, C] (the embedded tokens), positions int64[B] (the position
  *                    of each sequence's token, which is also its cache slot); cache_rows
  *                    int64[B] (only when has_cache_rows: the distinct cache row of each
@@ -117,9 +118,11 @@
  *                    bfloat16 one (bits 16; K a multiple of 32: the LIN takes its input rounded to
  *                    bfloat16 and sums in float32, and a row's result must not depend on B), or
  *                    the 2 or 3 inputs qweight, scales, offsets? of weight_only_linear.
- *                    outputs: logits f32[B, V]; k_cache, v_cache f32[L, R, S, Hk, D], updated in
- *                    place: for every layer, slot positions[b] of sequence b's row is written before
- *                    the attention of that layer reads slots [0, positions[b]] (pos < S).
+ *                    outputs: logits f32[B, V]; k_cache, v_cache [L, R, S, Hk, D] of one float
+ *                    dtype, updated in place: for every layer, slot positions[b] of sequence b's
+ *                    row is written (rounded to the cache's dtype, to nearest even) before the
+ *                    attention of that layer reads slots [0, positions[b]] (pos < S); the new
+ *                    token's own k and v take part as the cache holds them, rounded.
  *                    attrs: L, Hq, Hk, D, F, eps, theta, has_qkv_bias, then (bits, group_size,
  *                    has_offsets) for each LIN kind in the order qkv, o, gate_up, down, head
  *                    (every layer shares the formats); then optionally x_int8 (absent: 0): the

@@ -151,7 +151,8 @@ struct Step {
   const int64_t* pos;
   const int64_t* rows;   // the cache row of each sequence
   const float* x;
-  float *logits, *k_cache, *v_cache;
+  float* logits;
+  void *k_cache, *v_cache;  // float, bf16 or fp16: run's T
   Isa isa;
   int threads;
 };
@@ -166,7 +167,7 @@ int64_t shared_floats(const Model& m, int64_t b, int64_t s) {
   return b * (2 * m.c + (m.hq + 2 * m.hk) * m.d + m.hq * max_blocks(s) * (m.d + 2) + 3 * m.f + m.d);
 }
 int64_t own_floats(const Model& m, int64_t b) {
-  return b * (m.c + m.hq * m.d) + decoder::kMaxBlockKeys + (m.hq + m.hk) * m.d;
+  return b * (m.c + m.hq * m.d) + decoder::kMaxBlockKeys + (m.hq + 3 * m.hk) * m.d;
 }
 
 // One unit of attention work: slots [j0, j1) of sequence b, for every head. A unit reads whole
@@ -176,7 +177,8 @@ struct AttentionUnit {
   int64_t b, c, j0, j1;
 };
 
-// The whole step; the caller has checked every shape.
+// The whole step, the caches holding T; the caller has checked every shape.
+template <typename T>
 void run(const Step& st, float* scratch) {
   const Model& m = st.m;
   const int64_t B = st.b, C = m.c, D = m.d, half = D / 2, Hq = m.hq, Hk = m.hk, F = m.f;
@@ -220,6 +222,7 @@ void run(const Step& st, float* scratch) {
     float* scores = att + B * Hq * D;                           // [kMaxBlockKeys]
     float* q = scores + decoder::kMaxBlockKeys;                 // [Hq, D] rotated
     float* k = q + Hq * D;                                      // [Hk, D] rotated
+    T* kv_new = reinterpret_cast<T*>(k + Hk * D);               // [2, Hk, D]: k, v as the cache holds them
     const decoder::Rows qkv_rows = team.rows(nqkv), c_rows = team.rows(C), f_rows = team.rows(F);
     const decoder::Rows v_rows = team.rows(m.v);
     decoder::Input input(m, B, std::max({C, Hq * D, F}), isa);
@@ -233,8 +236,8 @@ void run(const Step& st, float* scratch) {
 
     for (int64_t l = 0; l < m.layers; ++l) {
       const Layer& layer = m.layer[l];
-      float* kc = st.k_cache + l * st.r * st.s * slot;
-      float* vc = st.v_cache + l * st.r * st.s * slot;
+      T* kc = static_cast<T*>(st.k_cache) + l * st.r * st.s * slot;
+      T* vc = static_cast<T*>(st.v_cache) + l * st.r * st.s * slot;
       for (int64_t b = 0; b < B; ++b) decoder::rms_norm_row(h + b * C, layer.attn_norm, C, m.eps, a + b * C, isa);
 
       input.set(layer.qkv, a);
@@ -252,13 +255,17 @@ void run(const Step& st, float* scratch) {
         const float* row = qkv + u.b * nqkv;
         std::copy(row, row + (Hq + Hk) * D, q);
         for (int64_t hh = 0; hh < Hq + Hk; ++hh) decoder::rope_row(q + hh * D, cs + u.b * D, half);
+        for (int64_t i = 0; i < slot; ++i) {
+          kv_new[i] = from_float<T>(k[i]);
+          kv_new[slot + i] = from_float<T>(row[(Hq + Hk) * D + i]);
+        }
         if (u.j1 == past + 1) {
-          std::copy(k, k + Hk * D, kc + (first + past) * slot);
-          std::copy(row + (Hq + Hk) * D, row + nqkv, vc + (first + past) * slot);
+          std::copy(kv_new, kv_new + slot, kc + (first + past) * slot);
+          std::copy(kv_new + slot, kv_new + 2 * slot, vc + (first + past) * slot);
         }
         for (int64_t hh = 0; hh < Hq; ++hh) {
           const int64_t kh = hh / group, base = first * slot + kh * D;
-          const decoder::Keys keys{kc + base, vc + base, slot, past, k + kh * D, row + (Hq + Hk + kh) * D};
+          const decoder::Keys<T> keys{kc + base, vc + base, slot, past, kv_new + kh * D, kv_new + slot + kh * D};
           decoder::attend_block(keys, u.j0, u.j1, q + hh * D, D, scale, scores,
                                 parts + ((u.b * Hq + hh) * blocks + u.c) * part, isa);
         }
@@ -365,12 +372,13 @@ ANYCHIP_CPU_KERNEL(decoder_step) {
 
   const std::vector<int64_t> cache{m.layers, given_rows ? R : B, S, m.hk, m.d};
   for (const AnychipTensor* t : {&kt, &vt}) {
-    bool fits = t->dtype == ANYCHIP_DTYPE_FLOAT32 && t->rank == 5 && is_contiguous(*t);
+    bool fits = t->dtype == kt.dtype && t->rank == 5 && is_contiguous(*t);
     for (int i = 0; fits && i < 5; ++i) fits = t->shape[i] == cache[i];
     if (!fits)
-      return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: %s must be contiguous float32 [%lld, %lld, %lld, %lld, %lld]",
-                  kOp, t == &kt ? "k_cache" : "v_cache", static_cast<long long>(m.layers), static_cast<long long>(cache[1]),
-                  static_cast<long long>(S), static_cast<long long>(m.hk), static_cast<long long>(m.d));
+      return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: %s must be contiguous [%lld, %lld, %lld, %lld, %lld]%s", kOp,
+                  t == &kt ? "k_cache" : "v_cache", static_cast<long long>(m.layers), static_cast<long long>(cache[1]),
+                  static_cast<long long>(S), static_cast<long long>(m.hk), static_cast<long long>(m.d),
+                  t == &kt ? "" : " of k_cache's dtype");
   }
   if (logits.dtype != ANYCHIP_DTYPE_FLOAT32 || logits.shape[0] != B || !is_contiguous(logits))
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: logits must be contiguous float32 [%lld, V]", kOp,
@@ -390,14 +398,16 @@ ANYCHIP_CPU_KERNEL(decoder_step) {
   }
   if (B == 0 || m.v == 0) return ANYCHIP_OK;
 
-  const int nthreads = threads(call);
-  try {
-    std::vector<float> scratch(static_cast<size_t>(shared_floats(m, B, S) + nthreads * own_floats(m, B)));
-    run(Step{m, B, S, cache[1], pos, rows.data(), x, data<float>(logits), data<float>(kt), data<float>(vt), isa(), nthreads}, scratch.data());
-  } catch (const std::bad_alloc&) {
-    return fail(call, ANYCHIP_ERROR_OUT_OF_MEMORY, "%s: no memory for the step's buffers", kOp);
-  }
-  return ANYCHIP_OK;
+  const Step step{m, B, S, cache[1], pos, rows.data(), x, data<float>(logits), kt.data, vt.data, isa(), threads(call)};
+  return dispatch_float(call, kt.dtype, "decoder_step: k_cache", [&]<typename T>() {
+    try {
+      std::vector<float> scratch(static_cast<size_t>(shared_floats(m, B, S) + step.threads * own_floats(m, B)));
+      run<T>(step, scratch.data());
+    } catch (const std::bad_alloc&) {
+      return fail(call, ANYCHIP_ERROR_OUT_OF_MEMORY, "%s: no memory for the step's buffers", kOp);
+    }
+    return ANYCHIP_OK;
+  });
 }
 
 }  // namespace anychip::cpu

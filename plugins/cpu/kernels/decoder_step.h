@@ -91,14 +91,16 @@ void swiglu_row(const float* gate, const float* up, int64_t n, float* y, Isa isa
 
 // The keys and values a query head attends to: cache slots [0, past) at k + j * stride,
 // v + j * stride, then the new token's own at k_new, v_new (passed apart, so that the heads
-// sharing them need not wait for the cache write).
+// sharing them need not wait for the cache write), all in the cache's storage type T (float,
+// bf16 or fp16): the new token's as the cache will hold them.
+template <typename T>
 struct Keys {
-  const float *k, *v;
+  const T *k, *v;
   int64_t stride, past;
-  const float *k_new, *v_new;
+  const T *k_new, *v_new;
 
-  const float* key(int64_t j) const { return j < past ? k + j * stride : k_new; }
-  const float* value(int64_t j) const { return j < past ? v + j * stride : v_new; }
+  const T* key(int64_t j) const { return j < past ? k + j * stride : k_new; }
+  const T* value(int64_t j) const { return j < past ? v + j * stride : v_new; }
 };
 
 // Attention goes by blocks of consecutive cache slots, the unit of work that threads share out:
@@ -113,7 +115,8 @@ inline int64_t block_keys(int64_t keys) {
 
 // One query against keys [j0, j1): with s_j = scale q . k_j, part[0, d) = sum_j e^(s_j - m) v_j,
 // part[d] = m = max_j s_j, part[d + 1] = sum_j e^(s_j - m). scores holds j1 - j0 floats.
-void attend_block(const Keys& kv, int64_t j0, int64_t j1, const float* q, int64_t d, float scale, float* scores,
+template <typename T>
+void attend_block(const Keys<T>& kv, int64_t j0, int64_t j1, const float* q, int64_t d, float scale, float* scores,
                   float* part, Isa isa);
 
 // o = softmax(scale q K^T) V from the parts of `count` consecutive blocks (d + 2 floats each).

@@ -12,14 +12,15 @@
 namespace anychip::cpu::decoder {
 namespace {
 
-void block_scalar(const Keys& kv, int64_t j0, int64_t j1, const float* q, int64_t d, float scale, float* scores,
+template <typename T>
+void block_scalar(const Keys<T>& kv, int64_t j0, int64_t j1, const float* q, int64_t d, float scale, float* scores,
                   float* part) {
   const int64_t len = j1 - j0;
   float m = -INFINITY;
   for (int64_t j = 0; j < len; ++j) {
-    const float* kj = kv.key(j0 + j);
+    const T* kj = kv.key(j0 + j);
     float s = 0.0f;
-    for (int64_t t = 0; t < d; ++t) s += q[t] * kj[t];
+    for (int64_t t = 0; t < d; ++t) s += q[t] * to_float(kj[t]);
     scores[j] = s * scale;
     m = std::max(m, scores[j]);
   }
@@ -30,8 +31,8 @@ void block_scalar(const Keys& kv, int64_t j0, int64_t j1, const float* q, int64_
   }
   for (int64_t t = 0; t < d; ++t) part[t] = 0.0f;
   for (int64_t j = 0; j < len; ++j) {
-    const float* vj = kv.value(j0 + j);
-    for (int64_t t = 0; t < d; ++t) part[t] += scores[j] * vj[t];
+    const T* vj = kv.value(j0 + j);
+    for (int64_t t = 0; t < d; ++t) part[t] += scores[j] * to_float(vj[t]);
   }
   part[d] = m;
   part[d + 1] = sum;
@@ -55,22 +56,24 @@ ANYCHIP_AVX512 inline __m512 sum16(const __m512 (&a)[16]) {
 
 // scores[j, j + 16) = scale q . k_j for the keys j0 + j, j + 1, ... below j1: sixteen dot
 // products side by side, summed across lanes together.
-ANYCHIP_AVX512 inline void scores16(const Keys& kv, int64_t j, int64_t j1, const float* q, int64_t d, float scale,
+template <typename T>
+ANYCHIP_AVX512 inline void scores16(const Keys<T>& kv, int64_t j, int64_t j1, const float* q, int64_t d, float scale,
                                     float* scores) {
   const int64_t count = std::min<int64_t>(16, j1 - j);
-  const float* key[16];
+  const T* key[16];
   for (int i = 0; i < 16; ++i) key[i] = kv.key(j + std::min<int64_t>(i, count - 1));
   __m512 acc[16];
   for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t t = 0; t < d; t += 16) {
     const __mmask16 m = avx512::lanes(d - t);
     const __m512 qv = _mm512_maskz_loadu_ps(m, q + t);
-    for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, key[i] + t), acc[i]);
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(qv, avx512::load16(key[i] + t, m), acc[i]);
   }
   _mm512_mask_storeu_ps(scores, avx512::lanes(count), _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale)));
 }
 
-ANYCHIP_AVX512 void block_avx512(const Keys& kv, int64_t j0, int64_t j1, const float* q, int64_t d, float scale,
+template <typename T>
+ANYCHIP_AVX512 void block_avx512(const Keys<T>& kv, int64_t j0, int64_t j1, const float* q, int64_t d, float scale,
                                  float* scores, float* part) {
   using avx512::lanes;
   const int64_t len = j1 - j0;
@@ -99,14 +102,13 @@ ANYCHIP_AVX512 void block_avx512(const Keys& kv, int64_t j0, int64_t j1, const f
     for (; j + 4 <= len; j += 4)
       for (int r = 0; r < 4; ++r) {
         const __m512 p = _mm512_set1_ps(scores[j + r]);
-        const float* vj = kv.value(j0 + j + r) + t0;
-        for (int c = 0; c < 4; ++c)
-          acc[r][c] = _mm512_fmadd_ps(p, _mm512_maskz_loadu_ps(m[c], vj + 16 * c), acc[r][c]);
+        const T* vj = kv.value(j0 + j + r) + t0;
+        for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_fmadd_ps(p, avx512::load16(vj + 16 * c, m[c]), acc[r][c]);
       }
     for (; j < len; ++j) {
       const __m512 p = _mm512_set1_ps(scores[j]);
-      const float* vj = kv.value(j0 + j) + t0;
-      for (int c = 0; c < 4; ++c) acc[0][c] = _mm512_fmadd_ps(p, _mm512_maskz_loadu_ps(m[c], vj + 16 * c), acc[0][c]);
+      const T* vj = kv.value(j0 + j) + t0;
+      for (int c = 0; c < 4; ++c) acc[0][c] = _mm512_fmadd_ps(p, avx512::load16(vj + 16 * c, m[c]), acc[0][c]);
     }
     for (int c = 0; c < 4; ++c) {
       const __m512 total = _mm512_add_ps(_mm512_add_ps(acc[0][c], acc[1][c]), _mm512_add_ps(acc[2][c], acc[3][c]));
@@ -119,7 +121,8 @@ ANYCHIP_AVX512 void block_avx512(const Keys& kv, int64_t j0, int64_t j1, const f
 
 }  // namespace
 
-void attend_block(const Keys& kv, int64_t j0, int64_t j1, const float* q, int64_t d, float scale, float* scores,
+template <typename T>
+void attend_block(const Keys<T>& kv, int64_t j0, int64_t j1, const float* q, int64_t d, float scale, float* scores,
                   float* part, Isa isa) {
   if (isa == Isa::kScalar) {
     block_scalar(kv, j0, j1, q, d, scale, scores, part);
@@ -127,6 +130,10 @@ void attend_block(const Keys& kv, int64_t j0, int64_t j1, const float* q, int64_
     block_avx512(kv, j0, j1, q, d, scale, scores, part);
   }
 }
+
+template void attend_block(const Keys<float>&, int64_t, int64_t, const float*, int64_t, float, float*, float*, Isa);
+template void attend_block(const Keys<bf16>&, int64_t, int64_t, const float*, int64_t, float, float*, float*, Isa);
+template void attend_block(const Keys<fp16>&, int64_t, int64_t, const float*, int64_t, float, float*, float*, Isa);
 
 void combine(const float* parts, int64_t count, int64_t d, float* o) {
   float top = -INFINITY;
