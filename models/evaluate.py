@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .llama import KVCache, LlamaForCausalLM, paddle
+from .llama import LlamaForCausalLM, paddle
 from anychip.ops.dispatch import place
 
 
@@ -55,7 +55,7 @@ def decode_perplexity(model: LlamaForCausalLM, ids: list[int], window: int = 512
     dev = place(model.device)
 
     def logits_of(chunk):
-        cache = KVCache(model.config, 1, len(chunk), model.device)
+        cache = model.new_cache(1, len(chunk))
         logits = [model(paddle.to_tensor(chunk[None, :1], place=dev), paddle.to_tensor([[0]], place=dev),
                         cache).numpy()[0, -1]]
         for pos in range(1, len(chunk) - 1):

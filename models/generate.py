@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from .llama import KVCache, LlamaForCausalLM, paddle
+from .llama import LlamaForCausalLM, paddle
 from .sampling import SamplingParams, sample
 from anychip.ops.dispatch import place
 
@@ -108,7 +108,7 @@ class Generator:
         seqs = [Sequence(p, self.tokenizer, params) for p in prompts]
         lengths = np.array([len(p) for p in prompts], dtype=np.int64)
         width = int(lengths.max())
-        cache = KVCache(self.model.config, len(prompts), width + params.max_new_tokens, device)
+        cache = self.model.new_cache(len(prompts), width + params.max_new_tokens)
         stats = GenerationStats(prefill_tokens=int(lengths.sum()))
 
         def to_dev(array):

@@ -9,6 +9,7 @@ import numpy as np
 
 import anychip.ops as ops
 from anychip import fallback
+from anychip.ops.decoder import CACHE_DTYPES
 from anychip.ops.dispatch import place
 from anychip.paddle_frontend import import_paddle
 from anychip.plugins import registry
@@ -25,23 +26,55 @@ def _recompute(fn, *args):
     return recompute(fn, *args, use_reentrant=True)
 
 
+def check_kv_dtype(dtype: str, device: tuple[str, int]) -> None:
+    """Raises ValueError unless ``dtype`` is a KV cache dtype that ``device`` has tensors of."""
+    from anychip.devices import describe
+
+    if dtype not in CACHE_DTYPES:
+        raise ValueError(f"KV cache dtype must be one of {', '.join(CACHE_DTYPES)}, got {dtype!r}")
+    supported = describe(device[0]).dtypes
+    if dtype not in supported:
+        raise ValueError(f"device {device[0]} has no {dtype} tensors for a {dtype} KV cache "
+                         f"(its dtypes: {', '.join(supported)})")
+
+
 class KVCache:
     """Keys and values of every layer for B sequences of up to S tokens, allocated once on the
-    device: [L, B, S, Hk, D] each (the layout decoder_step updates in place)."""
+    device: [L, B, S, Hk, D] each (the layout decoder_step updates in place), in ``dtype``:
+    float32, or bfloat16 / float16 (half the bytes, which every decode step reads in full at
+    long contexts; keys and values are rounded once, when written)."""
 
-    def __init__(self, config: ModelConfig, batch: int, max_len: int, device: tuple[str, int]):
+    def __init__(self, config: ModelConfig, batch: int, max_len: int, device: tuple[str, int],
+                 dtype: str = "float32"):
         if max_len > config.max_position:
             raise ValueError(f"max_len {max_len} exceeds the model's context of {config.max_position} tokens")
+        check_kv_dtype(dtype, device)
         shape = [config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim]
-        self.k = paddle.zeros(shape, dtype="float32", device=place(device))
-        self.v = paddle.zeros(shape, dtype="float32", device=place(device))
-        self.batch, self.max_len = batch, max_len
+        self.k = paddle.zeros(shape, dtype=dtype, device=place(device))
+        self.v = paddle.zeros(shape, dtype=dtype, device=place(device))
+        self.batch, self.max_len, self.dtype = batch, max_len, dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the keys and values together."""
+        return 2 * int(np.prod(self.k.shape)) * (4 if self.dtype == "float32" else 2)
+
+    def write(self, layer: int, rows, start: int, k, v) -> None:
+        """Stores float32 ``k``, ``v`` at slots ``start ..`` of ``rows`` (an int, or a slice of
+        rows matching k's leading dim) in ``layer``, rounded to the cache's dtype."""
+        end = start + k.shape[-3]
+        self.k[layer, rows, start:end] = k if self.dtype == "float32" else k.astype(self.dtype)
+        self.v[layer, rows, start:end] = v if self.dtype == "float32" else v.astype(self.dtype)
 
     def view(self, layer: int, row: int, length: int):
         """The first ``length`` keys and values of sequence ``row`` in ``layer``, [1, length, Hk,
-        D] each: dense views (an integer row index, then a new leading dim, keeps Paddle's strides
-        contiguous, which a size-1 slice would not)."""
-        return (self.k[layer, row, :length].unsqueeze(0), self.v[layer, row, :length].unsqueeze(0))
+        D] float32 each: dense views of a float32 cache (an integer row index, then a new leading
+        dim, keeps Paddle's strides contiguous, which a size-1 slice would not), float32 copies
+        of a 16-bit one."""
+        k, v = self.k[layer, row, :length], self.v[layer, row, :length]
+        if self.dtype != "float32":  # first: Paddle's CPU has no float16 unsqueeze
+            k, v = k.astype("float32"), v.astype("float32")
+        return k.unsqueeze(0), v.unsqueeze(0)
 
 
 class LlamaForCausalLM(paddle.nn.Layer):
@@ -72,10 +105,13 @@ class LlamaForCausalLM(paddle.nn.Layer):
     reads bfloat16 copies of the weights, made here (dequantized, then rounded to nearest; 2
     bytes per weight). This is for serving many requests at once: on AMX a
     decode step of 16 sequences costs about twice a step of one (float32 FMAs: about six
-    times), and prefill runs about twice as fast. Logits move by about bfloat16's rounding."""
+    times), and prefill runs about twice as fast. Logits move by about bfloat16's rounding.
+
+    ``kv_dtype``: the dtype of the KV caches :meth:`new_cache` makes, float32 or a 16-bit one
+    (see :class:`KVCache`)."""
 
     def __init__(self, checkpoint: Checkpoint, device: tuple[str, int] | str = ("cpu", 0), x_int8: bool = False,
-                 bf16: bool = False):
+                 bf16: bool = False, kv_dtype: str = "float32"):
         super().__init__()
         if bf16 and x_int8:
             raise ValueError("bf16 and x_int8 exclude each other: bfloat16 linears take bfloat16 input")
@@ -83,6 +119,8 @@ class LlamaForCausalLM(paddle.nn.Layer):
         if isinstance(device, str):
             name, _, index = device.partition(":")
             device = (name, int(index or 0))
+        check_kv_dtype(kv_dtype, device)
+        self.kv_dtype = kv_dtype
         self.config = c = checkpoint.config
         self.device = device
         t = checkpoint.tensors
@@ -119,8 +157,13 @@ class LlamaForCausalLM(paddle.nn.Layer):
         self._fused_ok = uniform and (not self.a8w8 or all(
             lin.bits == 0 or (lin.in_features % 32 == 0 and (lin.group_size == -1 or lin.group_size % 32 == 0))
             for lin in linears))
-        if bf16 and self._fused_ok and self.has_fused_decode():
+        if bf16 and self._fused_ok and self.has_fused_decode(kv_dtype):
             self._fused_weights()  # the bfloat16 copies now, not in the first request's time
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        """A KV cache on the model's device in its ``kv_dtype``, for ``batch`` sequences of up to
+        ``max_len`` tokens."""
+        return KVCache(self.config, batch, max_len, self.device, self.kv_dtype)
 
     # ---- op by op: prefill, and decode where the device has no decoder_step kernel ----------
 
@@ -192,12 +235,10 @@ class LlamaForCausalLM(paddle.nn.Layer):
         b, t = q.shape[0], q.shape[1]
         if cache_rows is None:
             cache_rows = list(range(b))
-            cache.k[layer, :, start:start + t] = k
-            cache.v[layer, :, start:start + t] = v
+            cache.write(layer, slice(None), start, k, v)
         else:
             for i, row in enumerate(cache_rows):
-                cache.k[layer, row, start:start + t] = k[i]
-                cache.v[layer, row, start:start + t] = v[i]
+                cache.write(layer, row, start, k[i], v[i])
         if start == 0:
             return ops.attention(q, k, v, causal=True)
         # One sequence at a time: its cache rows are a dense view, which every device can read
@@ -206,15 +247,16 @@ class LlamaForCausalLM(paddle.nn.Layer):
 
     # ---- decode ----------------------------------------------------------------------------
 
-    def has_fused_decode(self) -> bool:
-        return registry().kernels.find("decoder_step", self.device[0], "float32") is not None
+    def has_fused_decode(self, kv_dtype: str = "float32") -> bool:
+        """Whether the device has a decoder_step kernel for a KV cache of ``kv_dtype``."""
+        return registry().kernels.find("decoder_step", self.device[0], kv_dtype) is not None
 
     def decode(self, tokens, positions, cache: KVCache, fused: bool = True, cache_rows: list[int] | None = None):
         """Next-token logits [B, V] for one token per sequence, ``tokens`` [B] at ``positions``
         [B] (each sequence's own length so far), through the cache: sequence b in row
         ``cache_rows[b]`` (default b, with B the cache's rows). An A8W8 model's fused step
         quantizes activations per run of 32 rather than per token (see the class doc)."""
-        has_kernel = fused and self.has_fused_decode()
+        has_kernel = fused and self.has_fused_decode(cache.dtype)
         if has_kernel and self._fused_ok:
             rows = None
             if cache_rows is not None:
@@ -222,8 +264,8 @@ class LlamaForCausalLM(paddle.nn.Layer):
             return ops.decoder_step(self.embed(tokens), positions, self._fused_weights(), cache.k, cache.v,
                                     cache_rows=rows)
         if fused and not has_kernel:  # (weights the fused step cannot take are no device fallback)
-            fallback.record_op_fallback(self.device[0], "decoder_step", "float32",
-                                        f"no decoder_step kernel on {self.device[0]}: decoding op by op")
+            fallback.record_op_fallback(self.device[0], "decoder_step", cache.dtype,
+                                        f"no {cache.dtype} decoder_step kernel on {self.device[0]}: decoding op by op")
         rows = []
         pos = positions.numpy()
         for i in range(tokens.shape[0]):  # sequences differ in length: one cache view each
@@ -237,8 +279,7 @@ class LlamaForCausalLM(paddle.nn.Layer):
         for i, layer in enumerate(self.blocks):
             a = ops.rms_norm(h, layer.attn_norm, c.rms_eps)
             q, k, v = self._qkv(layer, a, positions, 1, 1)
-            cache.k[i, row, pos] = k[0, 0]
-            cache.v[i, row, pos] = v[0, 0]
+            cache.write(i, row, pos, k[0], v[0])
             attn = ops.attention(q, *cache.view(i, row, pos + 1), causal=True)
             h = h + layer.o(attn.reshape([1, 1, c.num_heads * c.head_dim]))
             m = ops.rms_norm(h, layer.ffn_norm, c.rms_eps)

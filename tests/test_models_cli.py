@@ -50,8 +50,25 @@ def test_generate_streams_plain_text_and_labels_simulated_timings(tiny_gguf):
     assert "(simulated device: host speed)" in proc.stderr and "decode" in proc.stderr
 
 
+def test_generate_with_a_16bit_kv_cache(tiny_gguf):
+    """--kv-cache bfloat16 on the cpu and a simulated chip: the same tokens on both, the run
+    labelled with its cache."""
+    texts = []
+    for device in ("cpu", "xpu"):
+        proc = anychip("generate", "--device", device, "--model", str(tiny_gguf), "--json", "--max-new-tokens", "6",
+                       "--kv-cache", "bfloat16", "--report-fallbacks", "hello")
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout)
+        assert out["weights"] == "native, bfloat16 KV cache"
+        assert "decoder_step" not in proc.stderr  # the fused step ran: no fallback reported
+        texts.append(out["completions"][0]["text"])
+    assert texts[0] == texts[1]
+
+
 @pytest.mark.parametrize("args,message", [
     (["--device", "tpu"], "tpu"),
+    (["--device", "dcu", "--kv-cache", "bfloat16"], "device dcu has no bfloat16 tensors for a bfloat16 KV cache"),
+    (["--kv-cache", "int8"], "invalid choice: 'int8'"),
     (["--model", "/nonexistent/model.gguf"], "/nonexistent/model.gguf"),
     (["--model", "no-such-model"], "known: smollm2"),
     (["--top-p", "1.5"], "top_p must be in (0, 1]"),

@@ -89,6 +89,55 @@ def test_decode_steps_match_numpy(weights, fused):
             np.testing.assert_allclose(logits[i], oracle_logits(ckpt, s)[-1], rtol=3e-4, atol=3e-4)
 
 
+@pytest.mark.parametrize("kv,tol", [("bfloat16", 4e-2), ("float16", 6e-3)])
+def test_16bit_kv_cache_decodes_the_same_fused_and_op_by_op(kv, tol):
+    """A 16-bit KV cache: prefill stores the prompt's keys and values rounded, and each decode
+    step, fused or op by op, attends over the rounded cache (its own slot included): the two paths
+    agree closely, both near the float64 oracle, and the cache holds half the bytes."""
+    from anychip_models.llama import LlamaForCausalLM
+
+    ckpt = tiny_checkpoint("int4", tie=False, qkv_bias=True)
+    paddle()
+    model = LlamaForCausalLM(ckpt, ("cpu", 0), kv_dtype=kv)
+    seqs = [[3, 14, 15, 92, 65], [35, 89]]
+    ids = np.zeros((2, 5), dtype=np.int64)
+    for i, seq in enumerate(seqs):
+        ids[i, :len(seq)] = seq
+    caches = [model.new_cache(2, 12) for _ in range(2)]
+    assert caches[0].k.dtype == getattr(paddle(), kv) and caches[0].nbytes == model.new_cache(2, 12).nbytes
+    for cache in caches:
+        model(ids_tensor(ids), ids_tensor(np.broadcast_to(np.arange(5), ids.shape)), cache, last_index=ids_tensor([4, 1]))
+    rng = np.random.default_rng(4)
+    for _step in range(4):
+        new = rng.integers(0, 95, size=2)
+        positions = ids_tensor([len(seq) for seq in seqs])
+        fused = host(model.decode(ids_tensor(new), positions, caches[0], fused=True))
+        plain = host(model.decode(ids_tensor(new), positions, caches[1], fused=False))
+        np.testing.assert_allclose(fused, plain, rtol=1e-4, atol=1e-4 * np.abs(plain).max())
+        for i, seq in enumerate(seqs):
+            seq.append(int(new[i]))
+            want = oracle_logits(ckpt, seq)[-1]
+            np.testing.assert_allclose(fused[i], want, rtol=tol, atol=tol * np.abs(want).max())
+    # the same slots written, a value now and then one step of the dtype apart (rounded from float32 sums
+    # made in another order)
+    np.testing.assert_allclose(host(caches[0].k), host(caches[1].k), rtol=2**-7, atol=1e-3)
+    wide = model_for(ckpt).new_cache(2, 12)
+    assert wide.k.dtype == paddle().float32 and wide.nbytes == 2 * caches[0].nbytes
+
+
+def test_kv_cache_dtype_must_suit_the_device():
+    from anychip_models.llama import KVCache, LlamaForCausalLM
+
+    ckpt = tiny_checkpoint("float")
+    paddle()
+    with pytest.raises(ValueError, match="device dcu has no bfloat16 tensors for a bfloat16 KV cache"):
+        KVCache(ckpt.config, 1, 8, ("dcu", 0), "bfloat16")
+    with pytest.raises(ValueError, match="KV cache dtype must be one of float32, bfloat16, float16, got 'int8'"):
+        LlamaForCausalLM(ckpt, ("cpu", 0), kv_dtype="int8")
+    assert KVCache(ckpt.config, 1, 8, ("dcu", 0), "float16").nbytes == 2 * 8 * ckpt.config.num_layers * \
+        ckpt.config.num_kv_heads * ckpt.config.head_dim * 2
+
+
 def test_fused_decode_is_used_and_fallback_is_counted():
     import anychip
 

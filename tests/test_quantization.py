@@ -99,6 +99,15 @@ def test_quantize_eval_and_generate_through_the_cli(model_dir, calib_file, tmp_p
     result = json.loads(bf16.stdout)
     assert result["bf16"] and result["through"] == "decode"
     assert result["perplexity"] == pytest.approx(reference, rel=2e-2)
+    # through a bfloat16 KV cache: close, not the same (the scored keys and values are rounded)
+    half = anychip("eval", "ppl", "--model", model_dir, "--data", text, "--json", "--through", "decode",
+                   "--kv-cache", "bfloat16")
+    assert half.returncode == 0, half.stderr
+    result = json.loads(half.stdout)
+    assert result["kv_cache"] == "bfloat16"
+    assert result["perplexity"] == pytest.approx(reference, rel=2e-2) and result["perplexity"] != reference
+    wrong = anychip("eval", "ppl", "--model", model_dir, "--data", text, "--kv-cache", "bfloat16")
+    assert wrong.returncode != 0 and "--kv-cache applies to --through decode" in wrong.stderr
     for args in (["--type", "wint8"], ["--type", "wint4", "--group-size", "64", "--gptq"],
                  ["--type", "a8w8", "--smooth"]):
         out = tmp_path / args[1]

@@ -368,6 +368,33 @@ def test_rows_are_reused_and_results_do_not_depend_on_the_row(tiny):
     assert run(4, items) == alone
 
 
+def test_a_16bit_kv_cache_serves_rows_alike_in_half_the_memory(base):
+    """An engine over a model with a bfloat16 KV cache: half the cache bytes, and requests decoded
+    together get what each gets alone."""
+    from anychip_models.llama import LlamaForCausalLM
+    from anychip_models.serving.engine import Engine, EngineConfig
+
+    config = EngineConfig(max_batch=3, max_len=64)
+    model = LlamaForCausalLM(base, ("cpu", 0), kv_dtype="bfloat16")
+    wide = Engine(LlamaForCausalLM(base, ("cpu", 0)), base.tokenizer, config)
+    prompts = [[int(t) for t in np.random.default_rng(i).integers(1, 200, size=4 + 2 * i)] for i in range(3)]
+
+    def run(items) -> list[list[int]]:
+        engine = Engine(model, base.tokenizer, config)
+        assert engine.cache_bytes * 2 == wide.cache_bytes
+        collectors = [Collector() for _ in items]
+        for prompt, c in zip(items, collectors):
+            engine.submit(prompt, params(6), c)
+        engine.start()
+        try:
+            assert all(c.done.wait(60) for c in collectors)
+        finally:
+            engine.stop()
+        return [c.events[-1].completion.tokens for c in collectors]
+
+    assert run(prompts) == [run([p])[0] for p in prompts]
+
+
 def test_prefill_passes_keep_to_their_token_budget(tiny):
     from anychip_models.serving.engine import Engine, EngineConfig, Handle, _Running
 

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from anychip.ops.decoder import CACHE_DTYPES
+
 from .session import DEFAULT_MODEL
 
 SAMPLE_TEXT = Path(__file__).resolve().parents[1] / "eval_data" / "english.txt"
@@ -34,6 +36,9 @@ def add_parser(sub, common):
                           "through the KV cache and the decode step, as generation computes it (slower)")
     ppl.add_argument("--bf16", action="store_true",
                      help="multiply in bfloat16, as `anychip serve --bf16` does (see `anychip generate --help`)")
+    ppl.add_argument("--kv-cache", choices=CACHE_DTYPES, default="float32", metavar="DTYPE",
+                     help="with --through decode: the KV cache's dtype, float32 (default), bfloat16 or float16, to "
+                          "measure what a 16-bit cache costs in perplexity")
     ppl.add_argument("--json", action="store_true", help="print one JSON object instead of a sentence")
 
 
@@ -68,12 +73,14 @@ def run(args) -> int:
 
     if args.window < 1:
         raise ValueError(f"--window must be >= 1, got {args.window}")
+    if args.kv_cache != "float32" and args.through != "decode":
+        raise ValueError("--kv-cache applies to --through decode (a prefill pass keeps no cache)")
     text = read_text(Path(args.data))
     device = anychip.set_device(args.device)
     simulated = describe(device.split(":")[0]).status == "simulated"
     checkpoint = load_checkpoint(resolve(args.model), weights=args.weights)
     ids = checkpoint.tokenizer.encode(text, add_bos=checkpoint.tokenizer.add_bos)
-    model = LlamaForCausalLM(checkpoint, device, bf16=args.bf16)
+    model = LlamaForCausalLM(checkpoint, device, bf16=args.bf16, kv_dtype=args.kv_cache)
     started = time.perf_counter()
     if args.through == "decode":
         from tqdm import tqdm
@@ -86,10 +93,12 @@ def run(args) -> int:
     label = f"{device} (simulated)" if simulated else device
     if args.json:
         print(json.dumps({"model": args.model, "weights": args.weights, "bf16": args.bf16, "through": args.through,
+                          "kv_cache": args.kv_cache,
                           "data": args.data, "device": device, "simulated": simulated, "tokens": len(ids),
                           "window": args.window, "perplexity": value, "seconds": seconds}))
     else:
-        mode = (", bf16" if args.bf16 else "") + (", through decode" if args.through == "decode" else "")
+        mode = ((", bf16" if args.bf16 else "") + (", through decode" if args.through == "decode" else "")
+                + (f", {args.kv_cache} KV cache" if args.kv_cache != "float32" else ""))
         print(f"{args.model}: perplexity {value:.3f} on {len(ids)} tokens of {args.data} "
               f"(windows of {args.window}{mode}, {label}, {seconds:.1f} s)")
     return 0

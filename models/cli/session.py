@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
+from anychip.ops.decoder import CACHE_DTYPES
+
 from ..sampling import SamplingParams
 
 DEFAULT_MODEL = "smollm2"
@@ -25,6 +27,10 @@ def add_model_flags(p) -> None:
                         "bfloat16, decode reads bfloat16 copies of the weights (2 bytes each). For serving: a "
                         "decode step of 16 requests then costs about two of one; logits move by about "
                         "bfloat16's rounding")
+    p.add_argument("--kv-cache", choices=CACHE_DTYPES, default="float32", metavar="DTYPE",
+                   help="the KV cache's dtype: float32 (default), bfloat16 or float16. A 16-bit cache holds "
+                        "twice the tokens in the same memory and makes long-context decode faster (each step "
+                        "reads the whole cache); keys and values are rounded once, as they are stored")
     p.add_argument("--no-fused", action="store_true",
                    help="decode op by op instead of the device's fused decoder_step kernel (for comparison)")
 
@@ -78,12 +84,14 @@ def open_session(args) -> Session:
     from ..generate import Generator
     from ..llama import LlamaForCausalLM
 
-    model = LlamaForCausalLM(checkpoint, device, x_int8=args.int8_activations, bf16=args.bf16)
+    model = LlamaForCausalLM(checkpoint, device, x_int8=args.int8_activations, bf16=args.bf16,
+                             kv_dtype=args.kv_cache)
     if simulated:
         print(f"anychip: {device} is simulated: its timings are the host CPU's, not the chip's", file=sys.stderr)
     return Session(Generator(model, checkpoint.tokenizer, fused=not args.no_fused), checkpoint.tokenizer, device,
                    simulated, checkpoint.config.name or str(path),
-                   args.weights + (", bf16" if args.bf16 else ""))
+                   args.weights + (", bf16" if args.bf16 else "")
+                   + (f", {args.kv_cache} KV cache" if args.kv_cache != "float32" else ""))
 
 
 def prompt_ids(tokenizer, text: str, raw: bool, system: str | None = None, history: list | None = None) -> list[int]:

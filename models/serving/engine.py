@@ -26,7 +26,7 @@ from typing import Callable
 import numpy as np
 
 from ..generate import Completion, Sequence
-from ..llama import KVCache, LlamaForCausalLM, paddle
+from ..llama import LlamaForCausalLM, paddle
 from ..sampling import SamplingParams, sample
 from anychip.ops.dispatch import place
 
@@ -139,7 +139,7 @@ class Engine:
         self.model, self.tokenizer, self.fused = model, tokenizer, fused
         self.config = config or EngineConfig()
         self.config.validate(model.config.max_position)
-        self.cache = KVCache(model.config, self.config.max_batch, self.config.max_len, model.device)
+        self.cache = model.new_cache(self.config.max_batch, self.config.max_len)
         self.metrics = Metrics()
         self._cond = threading.Condition()
         self._waiting: deque[Handle] = deque()
@@ -151,7 +151,7 @@ class Engine:
 
     @property
     def cache_bytes(self) -> int:
-        return 2 * int(np.prod(self.cache.k.shape)) * 4
+        return self.cache.nbytes
 
     # ---- called from any thread ----------------------------------------------------------------
 
