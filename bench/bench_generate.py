@@ -8,6 +8,11 @@ the memory roofline of decoding. The int4 weights (~75 MB) fit in this CPU's lar
 cache, so their share of DRAM bandwidth can pass 100%. Two anychip paths: GGUF weights kept in
 anychip's weight-only int8/int4 format ("native"), and dequantized to float32 ("float").
 
+Long context: 64 tokens decoded after a 2048-token prompt (native weights), where every step
+also reads the whole KV cache: with anychip's float32 cache (the default), bfloat16 and float16
+caches (`--kv-cache`), and llama.cpp's (float16, its default); judged as the weight and cache
+bytes each reads per second.
+
 Peer: llama.cpp (llama-cpp-python, same thread count) where it is installed, on the same GGUF
 beside the native path and on that GGUF dequantized to F32 beside the float path; see
 bench/requirements.txt for how to build it here.
@@ -25,6 +30,8 @@ from benchlib import THREADS, Case, FasterThan
 
 PROMPT_TOKENS = 512
 DECODE_TOKENS = 128
+LONG_PROMPT_TOKENS = 2048
+LONG_DECODE_TOKENS = 64
 
 
 @pytest.fixture(scope="module")
@@ -65,12 +72,30 @@ def weight_stats(ckpt) -> tuple[int, int, int]:
     return total, layers, head
 
 
-def prompt(ckpt) -> list[int]:
+def prompt(ckpt, tokens: int = PROMPT_TOKENS) -> list[int]:
     text = ("The history of computing is a story of abstraction layers, each hiding the details of the "
-            "one below. ") * 40
+            "one below. ") * (tokens // 12)
     ids = ckpt.tokenizer.encode(text)
-    assert len(ids) >= PROMPT_TOKENS
-    return ids[:PROMPT_TOKENS]
+    assert len(ids) >= tokens
+    return ids[:tokens]
+
+
+def kv_bytes_read(ckpt, bytes_each: int) -> int:
+    """Bytes of keys and values the long-context decode steps read in all: step n attends over
+    LONG_PROMPT_TOKENS + n + 1 slots of every layer."""
+    c = ckpt.config
+    slots = sum(LONG_PROMPT_TOKENS + n + 1 for n in range(LONG_DECODE_TOKENS))
+    return 2 * c.num_layers * c.num_kv_heads * c.head_dim * bytes_each * slots
+
+
+def long_case(ckpt) -> Case:
+    nbytes = weight_stats(ckpt)[0]
+    return Case(f"SmolLM2-135M decode {LONG_DECODE_TOKENS} tokens after {LONG_PROMPT_TOKENS}, native weights, "
+                "KV cache read every step", "memory",
+                float(nbytes * LONG_DECODE_TOKENS + kv_bytes_read(ckpt, 4)), pattern="read",
+                targets=(FasterThan("llama.cpp", peer_label="llama.cpp"),),
+                note=f"bytes: {nbytes / 2**20:.0f} MiB of weights per token + every cached key and value, "
+                     "4 bytes each (2 for the 16-bit caches and llama.cpp's float16 one)")
 
 
 def cases(weights: str, ckpt):
@@ -91,17 +116,18 @@ def cases(weights: str, ckpt):
 class AnychipRun:
     """The model with a 512-token prompt and a cache for the 128 tokens after it."""
 
-    def __init__(self, pd, weights, ckpt, model):
+    def __init__(self, pd, weights, ckpt, model, prompt_tokens: int = PROMPT_TOKENS,
+                 decode_tokens: int = DECODE_TOKENS):
         from anychip.paddle_frontend import place
-        from anychip_models.llama import KVCache
 
         self.pd, self.weights, self.model, self.dev = pd, weights, model, place("cpu", 0)
         self.checkpoint = ckpt
-        ids = np.array([prompt(ckpt)], dtype=np.int64)
+        self.prompt_tokens, self.decode_tokens = prompt_tokens, decode_tokens
+        ids = np.array([prompt(ckpt, prompt_tokens)], dtype=np.int64)
         self.tokens = pd.to_tensor(ids, place=self.dev)
-        self.positions = pd.to_tensor(np.arange(PROMPT_TOKENS, dtype=np.int64)[None], place=self.dev)
-        self.last = pd.to_tensor(np.array([PROMPT_TOKENS - 1], dtype=np.int64), place=self.dev)
-        self.cache = KVCache(ckpt.config, 1, PROMPT_TOKENS + DECODE_TOKENS, ("cpu", 0))
+        self.positions = pd.to_tensor(np.arange(prompt_tokens, dtype=np.int64)[None], place=self.dev)
+        self.last = pd.to_tensor(np.array([prompt_tokens - 1], dtype=np.int64), place=self.dev)
+        self.cache = model.new_cache(1, prompt_tokens + decode_tokens)
         self.cases = cases(weights, ckpt)
 
     def prefill(self, model):
@@ -109,13 +135,13 @@ class AnychipRun:
             return model(self.tokens, self.positions, self.cache, last_index=self.last)
 
     def decode(self, model, logits):
-        """128 greedy steps after the prompt whose last ``logits`` are given (each round
+        """The greedy steps after the prompt whose last ``logits`` are given (each round
         overwrites the previous round's cache slots)."""
         pd, dev = self.pd, self.dev
         with pd.no_grad():
-            for n in range(DECODE_TOKENS):
+            for n in range(self.decode_tokens):
                 token = pd.to_tensor(np.argmax(logits.numpy(), axis=-1).astype(np.int64), place=dev)
-                logits = model.decode(token, pd.to_tensor(np.array([PROMPT_TOKENS + n], np.int64), place=dev),
+                logits = model.decode(token, pd.to_tensor(np.array([self.prompt_tokens + n], np.int64), place=dev),
                                       self.cache)
         return logits
 
@@ -151,6 +177,25 @@ def test_anychip_decode_int8_activations(benchmark, bench, anychip_run):
     bench.run(benchmark, run.cases[1], "anychip_x_int8", lambda: run.decode(model, start),
               label="anychip decoder_step, --int8-activations (approximate)", min_rounds=3, max_rounds=10,
               warmup=1, notes="activations quantized to int8 per 32 values before each quantized product")
+
+
+@pytest.mark.parametrize("kv", ["float32", "bfloat16", "float16"])
+def test_anychip_long_context_decode(benchmark, bench, pd, loaded, kv):
+    """Decode after a long prompt, with each KV cache dtype: the 16-bit ones read half the cache."""
+    from anychip_models.llama import LlamaForCausalLM
+
+    weights, ckpt, _model = loaded
+    if weights != "native":
+        pytest.skip("the long-context case runs the native weights")
+    run = AnychipRun(pd, weights, ckpt, LlamaForCausalLM(ckpt, ("cpu", 0), kv_dtype=kv), LONG_PROMPT_TOKENS,
+                     LONG_DECODE_TOKENS)
+    start = run.prefill(run.model)
+    impl = "anychip" if kv == "float32" else f"anychip_kv_{kv}"
+    nbytes = weight_stats(ckpt)[0]
+    bench.run(benchmark, long_case(ckpt), impl, lambda: run.decode(run.model, start),
+              label=f"anychip fused decoder_step, {kv} KV cache", min_rounds=3, max_rounds=6, warmup=1,
+              amount=float(nbytes * LONG_DECODE_TOKENS + kv_bytes_read(ckpt, 4 if kv == "float32" else 2)),
+              notes=f"--kv-cache {kv}")
 
 
 def float32_gguf(src: Path, out_dir: Path) -> Path:
@@ -203,7 +248,17 @@ def test_llama_cpp(benchmark, bench, loaded, llama_cpp_model, phase):
     llm, file_kind = llama_cpp_model
     weights, ckpt, _model = loaded
     prefill_case, decode_case = cases(weights, ckpt)
-    ids = prompt(ckpt)
+    prefill, decode = llama_cpp_runs(llm, prompt(ckpt), DECODE_TOKENS)
+    label = f"llama.cpp (llama-cpp-python, {file_kind}, {THREADS} threads)"
+    if phase == "decode":
+        bench.run(benchmark, decode_case, "llama.cpp", decode, label=label, min_rounds=3, max_rounds=10, warmup=1)
+    else:
+        bench.run(benchmark, prefill_case, "llama.cpp", prefill, label=label, min_rounds=3, max_rounds=10, warmup=1)
+
+
+def llama_cpp_runs(llm, ids: list[int], decode_tokens: int):
+    """(prefill, decode) of llama.cpp: the prompt ``ids`` into an empty cache; ``decode_tokens``
+    greedy steps after it (prefilling once first; each round rewinds to the prompt's end)."""
     vocab = llm.n_vocab()
 
     def last_logits():
@@ -213,17 +268,35 @@ def test_llama_cpp(benchmark, bench, loaded, llama_cpp_model, phase):
         llm.reset()
         llm.eval(ids)
 
+    first = None
+
     def decode():
-        llm.n_tokens = PROMPT_TOKENS  # eval() drops the previous round's tokens from the cache
+        nonlocal first
+        if first is None:
+            prefill()
+            first = int(np.argmax(last_logits()))
+        llm.n_tokens = len(ids)  # eval() drops the previous round's tokens from the cache
         token = first
-        for _ in range(DECODE_TOKENS):
+        for _ in range(decode_tokens):
             llm.eval([token])
             token = int(np.argmax(last_logits()))
 
-    label = f"llama.cpp (llama-cpp-python, {file_kind}, {THREADS} threads)"
-    if phase == "decode":
-        prefill()
-        first = int(np.argmax(last_logits()))
-        bench.run(benchmark, decode_case, "llama.cpp", decode, label=label, min_rounds=3, max_rounds=10, warmup=1)
-    else:
-        bench.run(benchmark, prefill_case, "llama.cpp", prefill, label=label, min_rounds=3, max_rounds=10, warmup=1)
+    return prefill, decode
+
+
+def test_llama_cpp_long_context_decode(benchmark, bench, gguf_path, loaded):
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        pytest.skip("llama-cpp-python is not installed (see bench/requirements.txt)")
+    weights, ckpt, _model = loaded
+    if weights != "native":
+        pytest.skip("the long-context case runs the native weights")
+    llm = Llama(model_path=str(gguf_path), n_threads=THREADS, n_threads_batch=THREADS,
+                n_ctx=LONG_PROMPT_TOKENS + LONG_DECODE_TOKENS, n_batch=512, verbose=False)
+    _prefill, decode = llama_cpp_runs(llm, prompt(ckpt, LONG_PROMPT_TOKENS), LONG_DECODE_TOKENS)
+    nbytes = weight_stats(ckpt)[0]
+    bench.run(benchmark, long_case(ckpt), "llama.cpp", decode,
+              label=f"llama.cpp (llama-cpp-python, Q4_1 GGUF, float16 KV cache, {THREADS} threads)",
+              min_rounds=3, max_rounds=6, warmup=1,
+              amount=float(nbytes * LONG_DECODE_TOKENS + kv_bytes_read(ckpt, 2)))
