@@ -157,7 +157,7 @@ class LlamaForCausalLM(paddle.nn.Layer):
         self._fused_ok = uniform and (not self.a8w8 or all(
             lin.bits == 0 or (lin.in_features % 32 == 0 and (lin.group_size == -1 or lin.group_size % 32 == 0))
             for lin in linears))
-        if bf16 and self._fused_ok and self.has_fused_decode(kv_dtype):
+        if bf16 and self._fused_ok and self.has_fused_decode():
             self._fused_weights()  # the bfloat16 copies now, not in the first request's time
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
@@ -247,9 +247,10 @@ class LlamaForCausalLM(paddle.nn.Layer):
 
     # ---- decode ----------------------------------------------------------------------------
 
-    def has_fused_decode(self, kv_dtype: str = "float32") -> bool:
-        """Whether the device has a decoder_step kernel for a KV cache of ``kv_dtype``."""
-        return registry().kernels.find("decoder_step", self.device[0], kv_dtype) is not None
+    def has_fused_decode(self, kv_dtype: str | None = None) -> bool:
+        """Whether the device has a decoder_step kernel for a KV cache of ``kv_dtype`` (default:
+        the model's)."""
+        return registry().kernels.find("decoder_step", self.device[0], kv_dtype or self.kv_dtype) is not None
 
     def decode(self, tokens, positions, cache: KVCache, fused: bool = True, cache_rows: list[int] | None = None):
         """Next-token logits [B, V] for one token per sequence, ``tokens`` [B] at ``positions``

@@ -292,9 +292,10 @@ def decoder_step(x, positions, weights: DecoderWeights, k_cache, v_cache, cache_
     16-bit cache holds half the bytes, which long contexts read every step), are updated in
     place: each layer writes slot ``positions[b]`` (k after RoPE, rounded to the cache's dtype)
     of sequence b's cache row before attending over slots 0 .. positions[b], its own included
-    as the cache holds it. The kernel is chosen by the cache's dtype. Sequence b's row is ``cache_rows[b]`` (int64 [B], distinct rows in
-    [0, R)), or b when ``cache_rows`` is None (then R = B): with rows, any B sequences of a cache
-    with room for R decode together, as continuous batching needs. Forward only.
+    as the cache holds it. The kernel is chosen by the cache's dtype. Sequence b's row is
+    ``cache_rows[b]`` (int64 [B], distinct rows in [0, R)), or b when ``cache_rows`` is None
+    (then R = B): with rows, any B sequences of a cache with room for R decode together, as
+    continuous batching needs. Forward only.
     """
     if not isinstance(weights, DecoderWeights):
         _fail(f"weights must be a DecoderWeights, got {type(weights).__name__}")
