@@ -274,6 +274,20 @@ def params(n: int):
     return SamplingParams(max_new_tokens=n, ignore_eos=True)
 
 
+def completions(engine, items) -> list[list[int]]:
+    """Submits each (prompt, max_new_tokens) of ``items`` to ``engine`` (not yet started), runs it
+    until all are done and returns each one's tokens."""
+    collectors = [Collector() for _ in items]
+    for (prompt, n), c in zip(items, collectors):
+        engine.submit([int(t) for t in prompt], params(n), c)
+    engine.start()
+    try:
+        assert all(c.done.wait(60) for c in collectors)
+    finally:
+        engine.stop()
+    return [c.events[-1].completion.tokens for c in collectors]
+
+
 def test_a_full_queue_refuses_new_requests(tiny):
     from anychip_models.serving.engine import Engine, EngineBusy, EngineConfig
 
@@ -352,16 +366,7 @@ def test_rows_are_reused_and_results_do_not_depend_on_the_row(tiny):
     prompts = [list(np.random.default_rng(i).integers(1, 200, size=3 + i)) for i in range(6)]
 
     def run(batch_rows: int, items) -> list[list[int]]:
-        engine = Engine(*tiny, EngineConfig(max_batch=batch_rows, max_len=64))
-        collectors = [Collector() for _ in items]
-        for (prompt, n), c in zip(items, collectors):
-            engine.submit([int(t) for t in prompt], params(n), c)
-        engine.start()
-        try:
-            assert all(c.done.wait(60) for c in collectors)
-        finally:
-            engine.stop()
-        return [c.events[-1].completion.tokens for c in collectors]
+        return completions(Engine(*tiny, EngineConfig(max_batch=batch_rows, max_len=64)), items)
 
     items = [(p, 5 + 3 * i) for i, p in enumerate(prompts)]
     alone = [run(1, [item])[0] for item in items]
@@ -382,15 +387,7 @@ def test_a_16bit_kv_cache_serves_rows_alike_in_half_the_memory(base):
     def run(items) -> list[list[int]]:
         engine = Engine(model, base.tokenizer, config)
         assert engine.cache_bytes * 2 == wide.cache_bytes
-        collectors = [Collector() for _ in items]
-        for prompt, c in zip(items, collectors):
-            engine.submit(prompt, params(6), c)
-        engine.start()
-        try:
-            assert all(c.done.wait(60) for c in collectors)
-        finally:
-            engine.stop()
-        return [c.events[-1].completion.tokens for c in collectors]
+        return completions(engine, [(prompt, 6) for prompt in items])
 
     assert run(prompts) == [run([p])[0] for p in prompts]
 
