@@ -57,7 +57,7 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         """Bytes of the keys and values together."""
-        return 2 * int(np.prod(self.k.shape)) * (4 if self.dtype == "float32" else 2)
+        return 2 * int(np.prod(self.k.shape)) * self.k.element_size()
 
     def write(self, layer: int, rows, start: int, k, v) -> None:
         """Stores float32 ``k``, ``v`` at slots ``start ..`` of ``rows`` (an int, or a slice of
