@@ -1,11 +1,15 @@
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 
 # Before anything opens a device: guard simulated memory, and keep caches out of $HOME.
 os.environ["ANYCHIP_SIM_CHECK"] = "1"
-os.environ.setdefault("ANYCHIP_CACHE_DIR", tempfile.mkdtemp(prefix="anychip-test-cache-"))
+if "ANYCHIP_CACHE_DIR" not in os.environ:  # one per session, shared by its workers and subprocesses
+    os.environ["ANYCHIP_CACHE_DIR"] = tempfile.mkdtemp(prefix="anychip-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["ANYCHIP_CACHE_DIR"], ignore_errors=True)
 # ...except the models: pulled once (verified, written atomically) and shared with the user's cache.
 os.environ.setdefault("ANYCHIP_MODELS_DIR", os.path.join(os.path.expanduser("~"), ".cache", "anychip", "models"))
 # ...and CodeGen's libraries, which are keyed by the hash of everything that goes into them.

@@ -7,8 +7,10 @@ on their own)."""
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import replace
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -71,13 +73,14 @@ def float_checkpoint():
                                   for name, value in ckpt.tensors.items()})
 
 
+# The quantized folders, written once per session; the directory goes when the session ends.
+_FOLDERS = tempfile.TemporaryDirectory(prefix="anychip-test-quant-")
+
+
 @lru_cache(maxsize=None)
 def folder(scheme: str):
-    import tempfile
-    from pathlib import Path
-
     ckpt = float_checkpoint()
-    path = Path(tempfile.mkdtemp(prefix=f"quant-{scheme}-")) / "model"
+    path = Path(_FOLDERS.name) / scheme / "model"
     return write_quantized(path, ckpt.config, quantized_tensors(ckpt, scheme), ckpt.tokenizer, scheme,
                            {"rtn": True, "group_size": 64 if scheme == "wint4" else -1})
 
