@@ -321,6 +321,30 @@ def test_blocked_products_span_blocks(dtype):
     check_grad(rng, 2, 300, 45, dtype, 8, -1)
 
 
+@pytest.mark.parametrize("x_int8", [False, True])
+def test_gemv_rows_split_between_threads(x_int8):
+    """Decode-sized products over more rows of W than one block (~512 KB of W), the threads
+    taking runs of blocks of different lengths: the oracle's values, and the same bits whatever
+    the thread count."""
+    rng = np.random.default_rng(41)
+    for m, bits, group_size, k, n in ((1, 4, 128, 4096, 1000), (3, 8, -1, 2048, 700)):
+        _, q, packed, scales = quantized_weight(rng, k, n, "float32", bits, group_size)
+        offsets = random_offsets(rng, scales)
+        weights, attrs = weight_args(packed, scales, offsets, bits, group_size)
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        ys = []
+        for threads in (1, 2, 3):
+            ys.append(empty((m, n), "float32"))
+            kernel("weight_only_linear").run_host([x] + weights, [ys[-1]], attrs + [int(x_int8)], num_threads=threads)
+        if x_int8:
+            want, bound = x_int8_ref(x.astype(np.float64), q, scales, offsets, None)
+        else:
+            want, bound = x @ dequantize(q, scales, offsets).T, np.abs(x) @ magnitude(q, scales, offsets).T
+        check_error(ys[0].astype(np.float64), want, bound, "float32", f"m={m} bits={bits} x_int8={x_int8}")
+        for threads, y in zip((2, 3), ys[1:]):
+            np.testing.assert_array_equal(y, ys[0], err_msg=f"{threads} threads, m={m} bits={bits}")
+
+
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_unusual_group_sizes(dtype):
     # 48: groups change inside the 64-wide blocks; 24: no multiple of 16, the generic path.
