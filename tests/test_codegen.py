@@ -370,8 +370,9 @@ def test_softmax_and_grad(npu, kernels, dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_large_row_outputs_stream_out_unchanged(npu, kernels, dtype):
-    """Row kernels whose outputs pass 8 MiB write their rows through a buffer with
-    non-temporal stores: rows of an odd length (none 64-byte aligned but the first), two outputs
+    """Row kernels whose outputs pass 8 MiB write their rows with non-temporal stores (RMSNorm
+    block by block, where a block is aligned; softmax through a buffer): rows of an odd length
+    (none 64-byte aligned but the first), two outputs
     of different dtypes (rms_norm's y and float32 inv_rms; softmax's one), against the reference."""
     rng = np.random.default_rng(12)
     shape = (2100, 2051) if dtype == "float32" else (4100, 2051)  # over 8 MiB of y

@@ -518,17 +518,17 @@ def render_rows(kernel: ir.Rows, fn: str) -> str:
     return "\n".join(lines)
 
 
-PIPELINE_CHUNK = 256  # elements of a row written per non-temporal burst in the pipelined path
-
-
 def _pipelined(kernel: ir.Rows) -> list[str]:
     """For a kernel with one level of reductions (RMSNorm), the path taken by large unit-step
-    outputs: each thread walks its contiguous rows, and while it writes row r (in chunks, out
-    through non-temporal stores) it reads row r + 1 and reduces it, so that DRAM is read and
-    written at once; one row after another, a thread left it idle for half of each row (RMSNorm
-    [4096, 4096] from DRAM: 4.5 -> 3.6 ms in a standalone test). Each reduction sums the same
-    elements in the same lanes and order as the plain path: results are identical. Empty when
-    the kernel does not fit (more levels, col_sum outputs, RowAt, no row outputs)."""
+    outputs: each thread walks its contiguous rows, and while it writes row r it reads row r + 1
+    and reduces it, so that DRAM is read and written at once; one row after another, a thread
+    left it idle for half of each row (RMSNorm [4096, 4096] from DRAM: 4.5 -> 3.6 ms in a
+    standalone test). Each block of 16 outputs goes out from registers with a non-temporal store
+    (acg::stream_block): gathered into a 1 KB buffer and copied out by stream_bytes instead, the
+    same RMSNorm took 1.25x the hand-written kernel's time rather than 1.0-1.05x (2026-12-01).
+    Each reduction sums the same elements in the same lanes and order as the plain path: results
+    are identical. Empty when the kernel does not fit (more levels, col_sum outputs, RowAt, no
+    row outputs)."""
     ins, outs = kernel.inputs, kernel.outputs
     levels = _reductions(kernel)
     row_outs = [k for k, o in enumerate(outs) if o.role == "row"]
@@ -557,64 +557,56 @@ def _pipelined(kernel: ir.Rows) -> list[str]:
     def combine() -> list[str]:
         return _partials_combine(names, "      ", declare=False)
 
-    def blocks(lo: str, hi: str, with_outputs: bool) -> list[str]:
-        """Elements [lo, hi) in blocks of 16 (element c in lane c % 16), the last block masked."""
+    def blocks(with_outputs: bool) -> list[str]:
+        """The row's elements in blocks of 16 (element c in lane c % 16), the last block masked.
+        A whole block's outputs go to t<k> and out with one non-temporal store each."""
+        outputs = per_element if with_outputs else ()
+
         def element(guard):
             out = []
-            exprs = [o.expr for _k, o in per_element] if with_outputs else []
-            out += ox.preload(exprs, "          ")
+            out += ox.preload([o.expr for _k, o in outputs], "          ")
             out += first.preload([red.x for red in reds], "          ")
-            for k, o in per_element if with_outputs else ():
-                store = f"w{k}[c - {lo}] = acg::store<{_ctype(o.dtype, k)}>({ox.render(o.expr)});"
-                out.append(f"          {store}" if guard is None else f"          if ({guard}) {store}")
+            for k, o in outputs:
+                value = f"acg::store<{_ctype(o.dtype, k)}>({ox.render(o.expr)})"
+                out.append(f"          t{k}[j] = {value};" if guard is None
+                           else f"          if ({guard}) q{k}[c{k} + c] = {value};")
             return out + _partials_fold(first, names, "          ", guard)
-        return [f"      for (int64_t cb = {lo}; cb < {hi}; cb += 16) {{",
-                f"        if (cb + 16 <= {hi}) {{",
+        return ["      for (int64_t cb = 0; cb < len; cb += 16) {",
+                "        if (cb + 16 <= len) {",
+                *[f"          alignas(64) {_ctype(o.dtype, k)} t{k}[16];" for k, o in outputs],
                 "#pragma omp simd",
                 "          for (int j = 0; j < 16; ++j) {",
                 "          const int64_t c = cb + j;",
                 *element(None),
                 "          }",
+                *[f"          acg::stream_block(q{k} + c{k} + cb, t{k});" for k, _o in outputs],
                 "        } else {",
                 "#pragma omp simd",
                 "          for (int j = 0; j < 16; ++j) {",
-                f"          const bool live = cb + j < {hi};",
-                f"          const int64_t c = live ? cb + j : {hi} - 1;",
+                "          const bool live = cb + j < len;",
+                "          const int64_t c = live ? cb + j : len - 1;",
                 *element("live"),
                 "          }",
                 "        }",
                 "      }"]
 
     per_element = [(k, outs[k]) for k in row_outs]
-    row_bytes = " + ".join(f"sizeof({_ctype(outs[k].dtype, k)})" for k in row_outs)
     row_in = [i for i, a in enumerate(ins) if a.role == "row"]
     lines = ["  auto pipelined = [&](int64_t r0, int64_t r1) {",
-             f"    constexpr int64_t kChunk = {PIPELINE_CHUNK};",
-             "    thread_local std::vector<unsigned char> chunk;  // this thread's outputs on their way out",
-             f"    if (chunk.size() < static_cast<size_t>(kChunk * ({row_bytes}))) chunk.resize(kChunk * ({row_bytes}));"]
-    for j, k in enumerate(row_outs):
-        before = " + ".join(f"sizeof({_ctype(outs[i].dtype, i)})" for i in row_outs[:j]) or "0"
-        lines.append(f"    {_ctype(outs[k].dtype, k)}* w{k} = reinterpret_cast<{_ctype(outs[k].dtype, k)}*>"
-                     f"(chunk.data() + kChunk * ({before}));")
-    lines += [*[f"    float {nm}_p[16], {nm} = 0.0f;" for nm in names.values()],
-              "    if (r0 >= r1) return;",
-              "    {",
-              "      const int64_t rn = r0;",
-              *[f"      const int64_t n{i} = R.row_offset(st{i}, rn);" for i in row_in],
-              *reset(), *blocks("0", "len", False), *combine(),
-              "    }",
-              "    for (int64_t r = r0; r < r1; ++r) {",
-              "      const int64_t rn = r + 1 < r1 ? r + 1 : r;  // the last row reduces itself again, unused",
-              *[f"      const int64_t b{i} = R.row_offset(st{i}, r), n{i} = R.row_offset(st{i}, rn);" for i in row_in],
-              *[f"      const int64_t c{k} = R.row_offset(su{k}, r);" for k in row_outs],
-              *[f"      const auto {nm} = {hx.render(e)};" for e, nm in hoisted.items()],
-              *reset(),
-              "      for (int64_t g0 = 0; g0 < len; g0 += kChunk) {  // a chunk: elements [g0, ge)",
-              "        const int64_t ge = g0 + kChunk < len ? g0 + kChunk : len;",
-              *["  " + line for line in blocks("g0", "ge", True)],
-              *[f"        acg::stream_bytes(q{k} + c{k} + g0, w{k}, (ge - g0) * static_cast<int64_t>(sizeof(*w{k})), false);"
-                for k in row_outs],
-              "      }"]
+             *[f"    float {nm}_p[16], {nm} = 0.0f;" for nm in names.values()],
+             "    if (r0 >= r1) return;",
+             "    {",
+             "      const int64_t rn = r0;",
+             *[f"      const int64_t n{i} = R.row_offset(st{i}, rn);" for i in row_in],
+             *reset(), *blocks(False), *combine(),
+             "    }",
+             "    for (int64_t r = r0; r < r1; ++r) {",
+             "      const int64_t rn = r + 1 < r1 ? r + 1 : r;  // the last row reduces itself again, unused",
+             *[f"      const int64_t b{i} = R.row_offset(st{i}, r), n{i} = R.row_offset(st{i}, rn);" for i in row_in],
+             *[f"      const int64_t c{k} = R.row_offset(su{k}, r);" for k in row_outs],
+             *[f"      const auto {nm} = {hx.render(e)};" for e, nm in hoisted.items()],
+             *reset(),
+             *blocks(True)]
     for k, o in enumerate(outs):
         if o.role == "per_row":
             lines += ["      {", *ox.preload([o.expr], "        "),

@@ -297,6 +297,34 @@ inline void stream_bytes(void* dst, const void* src, int64_t bytes, bool fence =
   memcpy(d, s, static_cast<size_t>(bytes));
   if (fence) _mm_sfence();
 }
+
+// A block of 16 elements from src (64-byte aligned) to dst with non-temporal stores, or a plain
+// copy where dst is not aligned for them (a row that starts mid-line). The caller fences once
+// after its last block.
+template <class T>
+inline void stream_block(T* dst, const T* src) {
+  constexpr int kBytes = 16 * static_cast<int>(sizeof(T));
+#ifdef __AVX512F__
+  constexpr int kStore = kBytes >= 64 ? 64 : 16;
+#else
+  constexpr int kStore = 16;
+#endif
+  auto* d = reinterpret_cast<char*>(dst);
+  const auto* s = reinterpret_cast<const char*>(src);
+  if (kBytes < kStore || reinterpret_cast<uintptr_t>(d) % kStore != 0) {
+    memcpy(d, s, kBytes);
+    return;
+  }
+#ifdef __AVX512F__
+  if constexpr (kStore == 64) {
+    for (int b = 0; b < kBytes; b += 64)
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(d + b), _mm512_load_si512(s + b));
+    return;
+  }
+#endif
+  for (int b = 0; b < kBytes; b += 16)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + b), _mm_load_si128(reinterpret_cast<const __m128i*>(s + b)));
+}
 #endif
 
 // ---- elementwise geometry: the output's index space, dims collapsed -----------------------
