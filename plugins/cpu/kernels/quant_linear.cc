@@ -109,17 +109,16 @@ std::vector<uint16_t> padded_bf16(const AnychipTensor& t, int64_t rows, int64_t 
 // Blocks of rows of W for the AMX GEMV, handed out as threads come free.
 constexpr int64_t kGemvBlock = 64;
 
-// The rows of W a block of the VNNI and FMA GEMVs takes: about kGemvBlockBytes of W, so that
-// with more rows of x than one pass takes (quant_gemv*.cc), the block is still in L2 when the
-// next rows of x come to it; a multiple of 64 (and so of the tiles' 4 rows).
+// The VNNI and FMA GEMVs split W's rows between the threads in units of kGemvUnit rows (a
+// multiple of the tiles' 4), and each thread walks its run in blocks of about kGemvBlockBytes of
+// W, so that with more rows of x than one pass takes (quant_gemv*.cc), the block is still in L2
+// when the next rows of x come to it.
+constexpr int64_t kGemvUnit = 64;
 constexpr int64_t kGemvBlockBytes = 512 * 1024;
-int64_t gemv_block_rows(const QWeight& w) {
-  return std::max<int64_t>(1, kGemvBlockBytes / w.row_bytes() / 64) * 64;
-}
 
 // y = x W^T (+ bias) over blocks of rows of W, `product(n0, n1, acc)` writing the symmetric part
 // of rows [n0, n1) into acc [M][N]; the offsets' share and the store are the same for every product.
-// Each thread takes one contiguous run of blocks, in order: W then streams front to back through
+// Each thread takes one contiguous run of rows, in order: W then streams front to back through
 // each core, the prefetches running on into the thread's next block. Handing out 64-row blocks
 // as threads came free instead made a 4-bit GEMV (M=1, K=N=4096) 10-20% slower (2026-12-01):
 // every block began a new stream, and the prefetch at its end fetched the other thread's rows.
@@ -131,12 +130,13 @@ void forward_blocks(const QWeight& w, const float* x, int64_t m, const AnychipTe
     sums.resize(static_cast<size_t>(m * w.groups));
     group_sums(w, x, m, sums.data());
   }
-  const int64_t rows = gemv_block_rows(w), blocks = (w.n + rows - 1) / rows;
+  const int64_t units = (w.n + kGemvUnit - 1) / kGemvUnit;
+  const int64_t rows = std::max<int64_t>(1, kGemvBlockBytes / w.row_bytes() / kGemvUnit) * kGemvUnit;
 #pragma omp parallel num_threads(threads)
   {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    const int64_t end = std::min(w.n, blocks * (t + 1) / nt * rows);
-    for (int64_t n0 = blocks * t / nt * rows; n0 < end; n0 += rows) {
+    const int64_t end = std::min(w.n, units * (t + 1) / nt * kGemvUnit);
+    for (int64_t n0 = units * t / nt * kGemvUnit; n0 < end; n0 += rows) {
       const int64_t n1 = std::min(end, n0 + rows);
       product(n0, n1, acc.data());
       add_offsets_sums(w, sums.data(), m, n0, n1, acc.data(), w.n);
