@@ -322,11 +322,12 @@ def _reductions(kernel: ir.Rows) -> list[list[ir.Reduce]]:
 
 # A row reduction is kept as 4 x 16 partials `<name>_p[quarter][lane]`: when the row is whole
 # 64-element blocks (len % 64 == 0) each quarter of it has its own 16 (element c of quarter qt
-# into partial [qt][c % 16]), otherwise there is one quarter, the row; combined in order at the
-# end. Quarters let the pipelined path walk a row as four interleaved streams, which keep more
-# DRAM banks busy than one (RMSNorm [4096, 4096] from DRAM: 1.2x -> 1.05x the hand-written
-# kernel's time, which does the same). The plain and the pipelined row paths share these pieces,
-# so that their sums are the same.
+# into partial [qt][c % 16]), otherwise there is one quarter, the row; combined lane by lane in
+# quarter order, then lane after lane. Quarters let the pipelined path walk a row as four
+# interleaved streams, which keep more DRAM banks busy than one, as the hand-written kernel does
+# (bench_codegen's RMSNorm [4096, 4096] from DRAM: 1.17-1.25x -> 1.10-1.12x the hand-written
+# kernel's time). The plain path sums each quarter into a local 16 and folds them in the same
+# order (render_rows), so that the two paths' sums are the same.
 def _partials_reset(names: dict, indent: str) -> list[str]:
     return [f"{indent}for (int qt = 0; qt < 4; ++qt) for (int j = 0; j < 16; ++j) {nm}_p[qt][j] = "
             f"{'0.0f' if red.op == 'sum' else '-INFINITY'};" for red, nm in names.items()]
@@ -345,6 +346,14 @@ def _partials_fold(cx: CExpr, names: dict, indent: str, guard: str | None = None
     return out
 
 
+def _lanes_sum(red, nm: str, lanes: str, indent: str, declare: bool) -> list[str]:
+    """The reduction `nm` of 16 lane values `lanes` ("<array>[j]"), lane after lane."""
+    first, each = lanes.replace("[j]", "[0]"), lanes
+    step = f"{nm} + {each}" if red.op == "sum" else f"acg::vmax({nm}, {each})"
+    return [f"{indent}{'float ' if declare else ''}{nm} = {first};",
+            f"{indent}for (int j = 1; j < 16; ++j) {nm} = {step};"]
+
+
 def _partials_combine(names: dict, indent: str, declare: bool) -> list[str]:
     """Lane by lane, the quarters in order (quarters past the row's hold the identity), then the
     16 lanes in order."""
@@ -355,11 +364,8 @@ def _partials_combine(names: dict, indent: str, declare: bool) -> list[str]:
         else:
             lanes = (f"{nm}_p[0][j] = acg::vmax(acg::vmax(acg::vmax({nm}_p[0][j], {nm}_p[1][j]), {nm}_p[2][j]), "
                      f"{nm}_p[3][j]);")
-        out += ["#pragma omp simd",
-                f"{indent}for (int j = 0; j < 16; ++j) {lanes}",
-                f"{indent}{'float ' if declare else ''}{nm} = {nm}_p[0][0];",
-                f"{indent}for (int j = 1; j < 16; ++j) {nm} = " +
-                (f"{nm} + {nm}_p[0][j];" if red.op == "sum" else f"acg::vmax({nm}, {nm}_p[0][j]);")]
+        out += ["#pragma omp simd", f"{indent}for (int j = 0; j < 16; ++j) {lanes}",
+                *_lanes_sum(red, nm, f"{nm}_p[0][j]", indent, declare)]
     return out
 
 
@@ -469,9 +475,7 @@ def render_rows(kernel: ir.Rows, fn: str) -> str:
                  *[into_lanes(nm, red) for red, nm in names.items()],
                  "    }"]
         for red, nm in names.items():
-            body += [f"    float {nm} = {nm}_s[0];",
-                     f"    for (int j = 1; j < 16; ++j) {nm} = " +
-                     (f"{nm} + {nm}_s[j];" if red.op == "sum" else f"acg::vmax({nm}, {nm}_s[j]);")]
+            body += _lanes_sum(red, nm, f"{nm}_s[j]", "    ", declare=True)
         computed.update(names)
     # What depends on the row's reductions alone (RMSNorm's rsqrt(mean + eps)) is computed once
     # per row, not per element: captured by reference, the compiler cannot hoist it itself.
@@ -557,7 +561,8 @@ def _pipelined(kernel: ir.Rows) -> list[str]:
     left it idle for half of each row (RMSNorm [4096, 4096] from DRAM: 4.5 -> 3.6 ms in a
     standalone test). Each block of 16 outputs goes out from registers with a non-temporal store
     (acg::stream_block): gathered into a 1 KB buffer and copied out by stream_bytes instead, the
-    same RMSNorm took 1.25x the hand-written kernel's time rather than 1.0-1.05x (2026-12-01).
+    same RMSNorm took 1.34-1.41x the hand-written kernel's time in bench_codegen rather than
+    1.17-1.25x (2026-12-01, before the quarters).
     Each reduction sums the same elements in the same lanes and order as the plain path: results
     are identical. Empty when the kernel does not fit (more levels, col_sum outputs, RowAt, no
     row outputs)."""
