@@ -324,8 +324,8 @@ def test_blocked_products_span_blocks(dtype):
 @pytest.mark.parametrize("x_int8", [False, True])
 def test_gemv_rows_split_between_threads(x_int8):
     """Decode-sized products over more rows of W than one block (~512 KB of W), the threads
-    taking runs of blocks of different lengths: the oracle's values, and the same bits whatever
-    the thread count."""
+    taking runs of rows of different lengths, each walked in blocks: the oracle's values, and
+    the same bits whatever the thread count."""
     rng = np.random.default_rng(41)
     for m, bits, group_size, k, n in ((1, 4, 128, 4096, 1000), (3, 8, -1, 2048, 700)):
         _, q, packed, scales = quantized_weight(rng, k, n, "float32", bits, group_size)
