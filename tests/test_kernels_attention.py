@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 
+from isa_paths import isa_params
 from kernel_helpers import empty, run, store, value
 
 DTYPES = ["float32", "bfloat16", "float16"]
@@ -341,7 +342,7 @@ def test_flashmask_equals_dense_mask_bit_for_bit(case, dtype):
 
 
 @pytest.mark.skipif(bool(os.environ.get("ANYCHIP_CPU_ISA")), reason="this run is already capped")
-@pytest.mark.parametrize("isa", ["scalar", "avx512"])
+@pytest.mark.parametrize("isa", isa_params("scalar", "avx512"))
 def test_every_isa_path(isa):
     """Reruns this file with the kernels capped to `isa` (each picks its path per call)."""
     result = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-x", "-p", "no:cacheprovider"],

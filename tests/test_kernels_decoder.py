@@ -20,6 +20,7 @@ import pytest
 
 from anychip.kernels import NativeKernel
 from anychip_plugins.cpu.host_kernels import LIBRARY
+from isa_paths import isa_params
 
 CFG = dict(L=2, C=128, Hq=4, Hk=2, D=32, F=192, V=100, S=16, eps=1e-5, theta=10000.0)
 POSITIONS = (3, 0, 15)
@@ -334,7 +335,7 @@ def test_batch_larger_than_a_gemv_tile():
         check_step(model, state, step(model, state))
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx512"])
+@pytest.mark.parametrize("isa", isa_params("scalar", "avx2", "avx512"))
 def test_long_caches_span_key_blocks(isa):
     """Attention goes by blocks of cache slots (about eight per sequence, at most 256 slots
     each), merged afterwards: positions at and around block edges, and a cache of many blocks."""
@@ -496,7 +497,7 @@ def test_rejects_what_it_cannot_do():
     assert not np.isnan(k_cache).any()
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx512"])
+@pytest.mark.parametrize("isa", isa_params("scalar", "avx2", "avx512"))
 def test_isa_path(isa):
     code = f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_kernels_decoder as t; t.isa_cases()"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,

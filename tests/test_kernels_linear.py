@@ -18,6 +18,7 @@ import sys
 import numpy as np
 import pytest
 
+from isa_paths import isa_params
 from kernel_helpers import empty, run, store, value
 
 FLOATS = ("float32", "bfloat16", "float16")
@@ -99,7 +100,7 @@ def test_linear(dtype, lead, k, n, with_bias):
     check_grad(rng, lead, k, n, dtype, with_bias)
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx512", "amx"])
+@pytest.mark.parametrize("isa", isa_params("scalar", "avx512", "amx"))
 def test_isa_path(isa):
     code = ("import sys; sys.path.insert(0, {!r}); import test_kernels_linear as t; t.isa_cases()"
             .format(os.path.dirname(__file__)))

@@ -19,6 +19,7 @@ import pytest
 
 from anychip.kernels import NativeKernel
 from anychip_plugins.cpu.host_kernels import LIBRARY
+from isa_paths import isa_params
 
 FLOATS = ("float32", "bfloat16", "float16")
 
@@ -426,7 +427,7 @@ def test_has_offsets_0_reads_input_3_as_bias():
     np.testing.assert_array_equal(y_zero, y_absent)
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx512", "amx"])
+@pytest.mark.parametrize("isa", isa_params("scalar", "avx2", "avx512", "amx"))
 def test_isa_path(isa):
     code = ("import sys; sys.path.insert(0, {!r}); import test_kernels_quant as t; t.isa_cases()"
             .format(os.path.dirname(__file__)))
@@ -545,7 +546,7 @@ def x_int8_cases() -> None:
         check_x_int8(rng, 5, 160, 19, dtype, 8, -1, False, False)
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx512"])
+@pytest.mark.parametrize("isa", isa_params("scalar", "avx2", "avx512"))
 def test_x_int8_isa_path(isa):
     code = ("import sys; sys.path.insert(0, {!r}); import test_kernels_quant as t; t.x_int8_cases()"
             .format(os.path.dirname(__file__)))

@@ -7,7 +7,7 @@ memory) but reports ``simulated=0``: the memory and the cores are the machine's 
 import os
 
 import anychip
-from anychip_plugins.cpu.host_kernels import register_host_kernels
+from anychip_plugins.cpu.host_kernels import kernel_isa, register_host_kernels
 
 
 def _cpu_model() -> str:
@@ -23,7 +23,7 @@ def _cpu_model() -> str:
 
 def _options():
     traits = anychip.ChipTraits(
-        model=_cpu_model(), vendor="host", devices=1,
+        model=f"{_cpu_model()} ({kernel_isa()} kernels)", vendor="host", devices=1,
         memory_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
         dtypes=tuple(anychip.DTYPE_BITS))
     return anychip.simulator_options("cpu", traits, simulated=False)

@@ -9,6 +9,8 @@ since Paddle's own CPU kernels serve it."""
 
 from __future__ import annotations
 
+import ctypes
+import functools
 from pathlib import Path
 
 from anychip.kernels import NativeKernel
@@ -32,6 +34,18 @@ HOST_KERNELS = {
     "adamw_step": ("adamw_step", None, ("float32", "bfloat16")),
     "decoder_step": ("decoder_step", None, _FLOATS),
 }
+
+
+ISAS = ("scalar", "avx2", "avx512", "amx")  # the kernels' tiers, lowest first
+
+
+@functools.cache
+def kernel_isa() -> str:
+    """The instruction set the host kernels use in this process: the best of :data:`ISAS` this
+    CPU allows, capped by ``ANYCHIP_CPU_ISA``."""
+    fn = ctypes.CDLL(str(LIBRARY)).anychip_cpu_isa
+    fn.restype = ctypes.c_char_p
+    return fn().decode()
 
 
 def _kernel(name: str) -> NativeKernel:

@@ -300,7 +300,7 @@ const Engine* engine_for(Isa isa, int32_t dtype) {
   if (isa == Isa::kAmx) {
     if (const Engine* e = amx_engine(dtype)) return e;
   }
-  if (isa != Isa::kScalar) return avx512_engine(dtype);
+  if (has_avx512(isa)) return avx512_engine(dtype);
   return scalar_engine(dtype);
 }
 

@@ -8,7 +8,7 @@
 // Work items are (C batch, 32-row block, 256-column block); B of every out batch is first
 // converted to dense float32, A's rows per item. Each C element is summed over the contraction
 // in order by one thread, so results do not depend on the number of threads. The inner loop is
-// compiled for AVX-512 as well and chosen by isa().
+// compiled for AVX-512 and for AVX2 as well and chosen by isa() (with FMA: one rounding per term).
 #include <algorithm>
 #include <vector>
 
@@ -90,6 +90,17 @@ ANYCHIP_AVX512 void micro_avx512(int64_t mb, int64_t nc, int64_t len, const floa
     }
   }
 }
+__attribute__((target("avx2,fma"))) void micro_avx2(int64_t mb, int64_t nc, int64_t len, const float* a,
+                                                    const float* b, int64_t ldb, float* acc) {
+  for (int64_t l = 0; l < len; ++l) {
+    const float* brow = b + l * ldb;
+    for (int64_t i = 0; i < mb; ++i) {
+      const float ai = a[i * len + l];
+      float* ci = acc + i * kCols;
+      for (int64_t j = 0; j < nc; ++j) ci[j] += ai * brow[j];
+    }
+  }
+}
 
 // C[cb(b)] = sum over out batches b of A[b] B[b], C an (r, c) view of output `c` whose batch
 // offsets group the out batches (equal offsets are summed).
@@ -121,7 +132,7 @@ void product(const AnychipKernelCall* call, const Batches& bt, const View& a, co
   }
   const int64_t row_blocks = (m + kRows - 1) / kRows, col_blocks = (n + kCols - 1) / kCols;
   const int64_t items = static_cast<int64_t>(groups.size()) * row_blocks * col_blocks;
-  const bool vector = isa() >= Isa::kAvx512;
+  const Isa chosen = isa();
   T* cdata = data<T>(*c.t);
 #pragma omp parallel num_threads(nt) if (bt.count * m * n * std::max<int64_t>(len, 1) >= kParallelElements)
   {
@@ -138,8 +149,13 @@ void product(const AnychipKernelCall* call, const Batches& bt, const View& a, co
         for (int64_t i = 0; i < mb; ++i)
           for (int64_t l = 0; l < len; ++l) ap[i * len + l] = at<T>(a, abase, m0 + i, l);
         const float* bsrc = bp.data() + batch * len * n + n0;
-        vector ? micro_avx512(mb, nc, len, ap.data(), bsrc, n, acc.data())
-               : micro(mb, nc, len, ap.data(), bsrc, n, acc.data());
+        if (has_avx512(chosen)) {
+          micro_avx512(mb, nc, len, ap.data(), bsrc, n, acc.data());
+        } else if (chosen == Isa::kAvx2) {
+          micro_avx2(mb, nc, len, ap.data(), bsrc, n, acc.data());
+        } else {
+          micro(mb, nc, len, ap.data(), bsrc, n, acc.data());
+        }
       }
       for (int64_t i = 0; i < mb; ++i)
         for (int64_t j = 0; j < nc; ++j) cdata[keys[g] + (m0 + i) * c.rs + (n0 + j) * c.cs] = from_float<T>(acc[i * kCols + j]);

@@ -16,6 +16,7 @@ constexpr long kXfeatureXtiledata = 18;
 Isa detect() {
   __builtin_cpu_init();
   Isa best = Isa::kScalar;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = Isa::kAvx2;
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") &&
       __builtin_cpu_supports("avx512vnni")) {
@@ -28,7 +29,8 @@ Isa detect() {
   }
   const char* cap = std::getenv("ANYCHIP_CPU_ISA");
   if (cap != nullptr && *cap != '\0') {
-    Isa limit = std::strcmp(cap, "scalar") == 0 ? Isa::kScalar
+    Isa limit = std::strcmp(cap, "scalar") == 0   ? Isa::kScalar
+                : std::strcmp(cap, "avx2") == 0   ? Isa::kAvx2
                 : std::strcmp(cap, "avx512") == 0 ? Isa::kAvx512
                                                   : Isa::kAmx;
     if (static_cast<int>(limit) < static_cast<int>(best)) best = limit;
@@ -47,6 +49,7 @@ const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::kAmx: return "amx";
     case Isa::kAvx512: return "avx512";
+    case Isa::kAvx2: return "avx2";
     default: return "scalar";
   }
 }
@@ -119,3 +122,8 @@ uint16_t float_to_fp16(float f) {
 }
 
 }  // namespace anychip::cpu
+
+// The instruction set the kernels use in this process (isa()), for listings and tests.
+extern "C" __attribute__((visibility("default"))) const char* anychip_cpu_isa() {
+  return anychip::cpu::isa_name(anychip::cpu::isa());
+}

@@ -1,8 +1,10 @@
 // Shared by the host kernels: element conversion, argument access, errors, ISA dispatch.
 //
-// Every kernel is compiled for three instruction sets and picks one per call (isa()):
-// AMX (tile matmul, bf16/int8), AVX-512 (with BF16/VNNI/FP16 extensions) and scalar C++.
-// ANYCHIP_CPU_ISA=scalar|avx512|amx caps the choice, so tests run every path on one machine.
+// Kernels pick an instruction set per call (isa()): AMX (tile matmul, bf16/int8), AVX-512 (with
+// BF16/VNNI extensions), AVX2 (with FMA: the hot decode and prefill kernels, for CPUs
+// without AVX-512 such as AMD's before Zen 4) and scalar C++. A kernel without code for the
+// chosen tier runs the best tier below it that it has. ANYCHIP_CPU_ISA=scalar|avx2|avx512|amx
+// caps the choice, so tests run every path the CPU has on one machine.
 #pragma once
 
 #include <cmath>
@@ -15,12 +17,13 @@
 
 namespace anychip::cpu {
 
-enum class Isa { kScalar = 0, kAvx512 = 1, kAmx = 2 };
+enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAmx = 3 };
 
 // The best instruction set this CPU and process allow, capped by ANYCHIP_CPU_ISA. AMX counts
 // only after the kernel granted this process the tile state (arch_prctl), requested once here.
 Isa isa();
 const char* isa_name(Isa isa);
+inline bool has_avx512(Isa isa) { return isa >= Isa::kAvx512; }
 
 // Threads a kernel may use for this call (call->num_threads, else OpenMP's default).
 int threads(const AnychipKernelCall* call);

@@ -124,7 +124,7 @@ ANYCHIP_AVX512 void block_avx512(const Keys<T>& kv, int64_t j0, int64_t j1, cons
 template <typename T>
 void attend_block(const Keys<T>& kv, int64_t j0, int64_t j1, const float* q, int64_t d, float scale, float* scores,
                   float* part, Isa isa) {
-  if (isa == Isa::kScalar) {
+  if (!has_avx512(isa)) {
     block_scalar(kv, j0, j1, q, d, scale, scores, part);
   } else {
     block_avx512(kv, j0, j1, q, d, scale, scores, part);

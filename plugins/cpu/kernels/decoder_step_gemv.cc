@@ -176,7 +176,7 @@ void gemv(Input& in, int64_t n0, int64_t n1, float* y, int64_t ldy) {
     return;
   }
   if (w.bits == 0) {
-    if (in.isa == Isa::kScalar) {
+    if (!has_avx512(in.isa)) {
       gemv_f32_scalar(w, x, m, n0, n1, y, ldy);
     } else {
       gemv_f32_avx512(w, x, m, n0, n1, y, ldy);

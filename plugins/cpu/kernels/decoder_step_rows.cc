@@ -34,7 +34,7 @@ ANYCHIP_AVX512 void swiglu_avx512(const float* gate, const float* up, int64_t n,
 }  // namespace
 
 void rms_norm_row(const float* h, const float* weight, int64_t c, float eps, float* y, Isa isa) {
-  if (isa != Isa::kScalar) return rms_norm_avx512(h, weight, c, eps, y);
+  if (has_avx512(isa)) return rms_norm_avx512(h, weight, c, eps, y);
   float ss = 0.0f;
   for (int64_t i = 0; i < c; ++i) ss += h[i] * h[i];
   const float inv = 1.0f / std::sqrt(ss / static_cast<float>(c) + eps);
@@ -50,7 +50,7 @@ void rope_row(float* x, const float* cs, int64_t half) {
 }
 
 void swiglu_row(const float* gate, const float* up, int64_t n, float* y, Isa isa) {
-  if (isa != Isa::kScalar) return swiglu_avx512(gate, up, n, y);
+  if (has_avx512(isa)) return swiglu_avx512(gate, up, n, y);
   for (int64_t i = 0; i < n; ++i) y[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 

@@ -187,7 +187,7 @@ void forward(const Matrix& x, const Matrix& w, const float* bias, const AnychipT
   if (amx) {
     std::vector<uint16_t> buffer;
     product_amx(amx_a(x, buffer, threads), x.rows, round_up(x.cols, 32), w, true, out, isa, threads);
-  } else if (isa != Isa::kScalar) {
+  } else if (has_avx512(isa)) {
     std::vector<float> buffer;
     product_f32(as_f32(x, buffer, isa, threads), x.rows, w, true, out, isa, threads);
   } else {
@@ -205,7 +205,7 @@ void grad_x(const Matrix& dy, const Matrix& w, const AnychipTensor& dx, bool amx
   }
   std::vector<float> dyb;
   const float* dyf = as_f32(dy, dyb, isa, threads);
-  if (isa != Isa::kScalar) {
+  if (has_avx512(isa)) {
     product_f32(dyf, dy.rows, w, false, out, isa, threads);
   } else {
     std::vector<float> wb;
@@ -223,7 +223,7 @@ void grad_weight(const Matrix& dy, const Matrix& x, const AnychipTensor& dw, boo
     const int64_t mp = round_up(p.rows, 32);
     product_amx(transposed_bf16(p, round_up(p.cols, 32), mp, threads).data(), p.cols, mp, q, false, out, isa,
                 threads);
-  } else if (isa != Isa::kScalar) {
+  } else if (has_avx512(isa)) {
     product_f32(transposed_f32(p, threads).data(), p.cols, q, false, out, isa, threads);
   } else {
     std::vector<float> dyb, xb;

@@ -252,7 +252,7 @@ QUANT_AVX512 void store_tile(const float* c, void* dst, int32_t dtype, int64_t l
 void store_transposed(const AnychipTensor& y, int64_t ld, int64_t r0, int64_t rows, int64_t c0, int64_t cols,
                       const float* acc, int64_t ldacc, Isa isa) {
   // Whole 16 x 16 blocks by AVX-512 transposes (through t unless y is float32), the rest below.
-  const int64_t rows16 = isa == Isa::kScalar ? 0 : rows / 16 * 16, cols16 = isa == Isa::kScalar ? 0 : cols / 16 * 16;
+  const int64_t rows16 = !has_avx512(isa) ? 0 : rows / 16 * 16, cols16 = !has_avx512(isa) ? 0 : cols / 16 * 16;
   alignas(64) float t[16 * 16];
   for (int64_t c = 0; c < cols16; c += 16) {
     for (int64_t i = 0; i < rows16; i += 16) {

@@ -109,8 +109,9 @@ struct XInt8 {
   int64_t m = 0, k = 0;
   std::vector<int8_t> q;       // [m][k]
   std::vector<float> scale;    // [m][k / 32]: sx of each run
-  // The same rows laid out for the AVX-512 products (quant_gemv_int8x.cc), row_bytes each from
-  // the first 64-byte boundary of `packed`.
+  // The same rows laid out for the AVX-512 products (quant_gemv_int8x.cc), or for 4 bits on
+  // AVX2 each run's share of the codes' +8 (quant_gemv_avx2.cc), row_bytes each from the first
+  // 64-byte boundary of `packed`.
   std::vector<uint8_t> packed;
   int64_t row_bytes = 0;
 
@@ -130,6 +131,11 @@ void quantize_x(const float* x, int64_t m, int64_t k, int bits, XInt8* out, Isa 
 // offsets' share, from float x). The integer sums are exact; each output's float arithmetic
 // depends only on M, not on [n0, n1). w.group must be a multiple of 32, w.bits that of x.
 void gemv_int8x(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float* y, int64_t ldy, Isa isa);
+
+// gemv and gemv_int8x on AVX2 + FMA (quant_gemv_avx2.cc), for the symmetric part of W (4 bits:
+// K a multiple of 64). Every row of x any M, each row's sums the same whatever M.
+void gemv_avx2(const QWeight& w, const float* x, int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy);
+void gemv_int8x_avx2(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float* y, int64_t ldy);
 
 // acc[i * ldacc + k - k0] += sum_n dy[i][n] W[n][k] for i < M, k in [k0, k1), W with its offsets;
 // dy float32 [M][N]. scratch holds 4 * (k1 - k0) floats.

@@ -107,7 +107,7 @@ QUANT_AVX512 void transpose16_avx512(const uint32_t* src, int64_t ld_src, uint32
 }  // namespace
 
 void dequant_row(const QWeight& w, int64_t n, int64_t k0, int64_t k1, float* out, Isa isa) {
-  if (isa == Isa::kScalar) {
+  if (!has_avx512(isa)) {
     dequant_row_scalar(w, n, k0, k1, out);
   } else {
     dequant_row_avx512(w, n, k0, k1, out);
@@ -117,7 +117,7 @@ void dequant_row(const QWeight& w, int64_t n, int64_t k0, int64_t k1, float* out
 void to_f32(const void* src, int32_t dtype, int64_t n, float* dst, Isa isa) {
   if (dtype == ANYCHIP_DTYPE_FLOAT32) {
     std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
-  } else if (isa != Isa::kScalar) {
+  } else if (has_avx512(isa)) {
     to_f32_avx512(src, dtype, n, dst);
   } else {
     for (int64_t i = 0; i < n; ++i) dst[i] = load_f32(src, dtype, i);
@@ -127,7 +127,7 @@ void to_f32(const void* src, int32_t dtype, int64_t n, float* dst, Isa isa) {
 void from_f32(const float* src, int64_t n, int32_t dtype, void* dst, Isa isa) {
   if (dtype == ANYCHIP_DTYPE_FLOAT32) {
     std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
-  } else if (isa != Isa::kScalar) {
+  } else if (has_avx512(isa)) {
     from_f32_avx512(src, n, dtype, dst);
   } else if (dtype == ANYCHIP_DTYPE_BFLOAT16) {
     for (int64_t i = 0; i < n; ++i) static_cast<bf16*>(dst)[i] = from_float<bf16>(src[i]);

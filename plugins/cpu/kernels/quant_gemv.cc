@@ -423,7 +423,9 @@ void gemv_grad_avx512(const QWeight& w, const float* dy, int64_t m, int64_t k0, 
 
 void gemv(const QWeight& w, const float* x, int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy, Isa isa) {
   const QWeight sym = w.symmetric();
-  if (isa == Isa::kScalar) {
+  if (isa == Isa::kAvx2) {
+    gemv_avx2(sym, x, m, n0, n1, y, ldy);
+  } else if (!has_avx512(isa)) {
     gemv_scalar(sym, x, m, n0, n1, y, ldy);
   } else {
     gemv_avx512(sym, x, m, n0, n1, y, ldy);
@@ -432,7 +434,7 @@ void gemv(const QWeight& w, const float* x, int64_t m, int64_t n0, int64_t n1, f
 
 void gemv_grad(const QWeight& w, const float* dy, int64_t m, int64_t k0, int64_t k1, float* acc, int64_t ldacc,
                float* scratch, Isa isa) {
-  if (isa == Isa::kScalar) {
+  if (!has_avx512(isa)) {
     gemv_grad_scalar(w, dy, m, k0, k1, acc, ldacc, scratch);
   } else {
     gemv_grad_avx512(w, dy, m, k0, k1, acc, ldacc, scratch);

@@ -111,6 +111,16 @@ QUANT_AVX512 void quantize_runs_avx512(const float* x, int64_t runs, int8_t* q, 
   }
 }
 
+// What the AVX2 4-bit product (quant_gemv_avx2.cc) adds for the codes' +8: per run, sx times -8
+// times the sum of its x codes.
+void run_offsets(const int8_t* q, const float* sx, int64_t runs, float* out) {
+  for (int64_t r = 0; r < runs; ++r) {
+    int32_t sum = 0;
+    for (int64_t j = 0; j < kRun; ++j) sum += q[r * kRun + j];
+    out[r] = sx[r] * static_cast<float>(-8 * sum);
+  }
+}
+
 // ---- scalar product ----------------------------------------------------------------------------
 
 void gemv_scalar(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float* y, int64_t ldy) {
@@ -323,13 +333,15 @@ void quantize_x(const float* x, int64_t m, int64_t k, int bits, XInt8* out, Isa 
   out->k = k;
   out->q.resize(static_cast<size_t>(m * k));
   out->scale.resize(static_cast<size_t>(m * runs));
-  out->row_bytes = isa == Isa::kScalar ? 0 : chunks(bits, k) * chunk_bytes(bits);
+  const bool avx2_offsets = isa == Isa::kAvx2 && bits == 4;
+  out->row_bytes = has_avx512(isa) ? chunks(bits, k) * chunk_bytes(bits) : avx2_offsets ? runs * 4 : 0;
   out->packed.resize(static_cast<size_t>(m * out->row_bytes + 64));
   for (int64_t i = 0; i < m; ++i) {
     int8_t* q = out->q.data() + i * k;
     float* sx = out->scale.data() + i * runs;
-    if (isa == Isa::kScalar) {
+    if (!has_avx512(isa)) {
       quantize_runs_scalar(x + i * k, runs, q, sx);
+      if (avx2_offsets) run_offsets(q, sx, runs, reinterpret_cast<float*>(const_cast<uint8_t*>(out->row(i))));
     } else {
       quantize_runs_avx512(x + i * k, runs, q, sx);
       pack_row(q, sx, k, bits, const_cast<uint8_t*>(out->row(i)));
@@ -340,7 +352,9 @@ void quantize_x(const float* x, int64_t m, int64_t k, int bits, XInt8* out, Isa 
 void gemv_int8x(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float* y, int64_t ldy, Isa isa) {
   if (n0 >= n1 || x.m == 0) return;
   const QWeight sym = w.symmetric();
-  if (isa == Isa::kScalar) {
+  if (isa == Isa::kAvx2) {
+    gemv_int8x_avx2(sym, x, n0, n1, y, ldy);
+  } else if (!has_avx512(isa)) {
     gemv_scalar(sym, x, n0, n1, y, ldy);
   } else {
     gemv_avx512(sym, x, n0, n1, y, ldy);

@@ -369,7 +369,7 @@ ANYCHIP_CPU_KERNEL(weight_only_linear) {
   const float* xf = as_f32(xp, m * w.k, buffer, isa, nt);
   // Without AMX, bf16_products rows all take the blocked product, so that they too do not
   // depend on M.
-  if (isa == Isa::kScalar || (m <= kGemvRows && bf16_products == 0)) {
+  if (!has_avx512(isa) || (m <= kGemvRows && bf16_products == 0)) {
     forward_gemv(w, xf, m, y, b, isa, nt);
   } else {
     forward_f32(w, xf, m, y, b, isa, nt);
@@ -405,7 +405,7 @@ ANYCHIP_CPU_KERNEL(weight_only_linear_grad) {
   }
   std::vector<float> buffer;
   const float* dyf = as_f32(dy, m * w.n, buffer, isa, nt);
-  if (isa == Isa::kScalar || small) {
+  if (!has_avx512(isa) || small) {
     grad_gemv(w, dyf, m, dx, isa, nt);
   } else {
     grad_f32(w, dyf, m, dx, isa, nt);

@@ -92,7 +92,7 @@ QUANT_AVX512 void add_offsets_avx512(const QWeight& w, const float* sums, int64_
 }  // namespace
 
 void group_sums(const QWeight& w, const float* x, int64_t m, float* sums) {
-  if (isa() == Isa::kScalar) {
+  if (!has_avx512(isa())) {
     group_sums_scalar(w, x, m, sums);
   } else {
     group_sums_avx512(w, x, m, sums);
@@ -101,7 +101,7 @@ void group_sums(const QWeight& w, const float* x, int64_t m, float* sums) {
 
 void add_offsets_sums(const QWeight& w, const float* sums, int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   if (w.offsets == nullptr || m <= 0 || n0 >= n1) return;
-  if (isa() == Isa::kScalar) {
+  if (!has_avx512(isa())) {
     add_offsets_scalar(w, sums, m, n0, n1, y, ldy);
   } else {
     add_offsets_avx512(w, sums, m, n0, n1, y, ldy);

@@ -220,7 +220,7 @@ ANYCHIP_CPU_KERNEL(w8a8_linear) {
   const Problem p{static_cast<const int8_t*>(qw.data), static_cast<const float*>(ws.data),
                   bias != nullptr ? bias_f.data() : nullptr, m, n, k, &y};
   const QuantizedX qx = quantize_x(x, m, k, isa, nt);
-  if (isa == Isa::kScalar || k == 0) {
+  if (!has_avx512(isa) || k == 0) {
     run_scalar(qx, p, nt);
   } else if (isa == Isa::kAmx && m > kAmxRows) {
     run_amx(qx, p, isa, nt);

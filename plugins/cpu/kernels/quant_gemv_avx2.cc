@@ -1,0 +1,324 @@
+// The weight-only products on AVX2 + FMA (CPUs without AVX-512: AMD before Zen 4, many Intel
+// client parts): the float32-x GEMV (gemv) and the x_int8 one (gemv_int8x).
+//
+// Float x: the codes of 8 consecutive k are widened to dwords, made signed (4 bits: code - 8) and
+// converted to float, then summed times x into one accumulator per (row of x, row of W) over a
+// group; the group's scale is applied once when it closes (4 bits, groups of an odd number of
+// 32-k halves of a block: once per half). Groups of a multiple of 32 k (4 bits) or 8 k (8 bits);
+// other group sizes dequantize each row first.
+//
+// int8 x: integer products with vpmaddubsw / vpmaddwd, each dword lane of a product summing four
+// (4 bits) or two (8 bits) consecutive k of one run of 32; the lanes summed in float times each
+// run's sx over a group, then times the group's scale. 4 bits: the codes (q + 8, unsigned) times
+// x (signed), the +8's share of each run (sx * -8 * the sum of its x codes, from quantize_x)
+// added once per group; 8 bits: both sides widened to int16 (vpmaddubsw would saturate on
+// 8-bit weights).
+#include <algorithm>
+#include <vector>
+
+// GCC 12 reports the intrinsics' own `__Y = __Y` placeholders as uninitialised (PR 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include "quant.h"
+
+#define QUANT_AVX2 __attribute__((target("avx2,fma")))
+#define QUANT_AVX2_INLINE QUANT_AVX2 inline __attribute__((always_inline))
+
+namespace anychip::cpu::quant {
+namespace {
+
+// Each tile prefetches the same columns of the rows this many tiles ahead into L2, so that the
+// next tiles' rows are streaming while this one computes.
+constexpr int64_t kPrefetchTiles = 2;
+
+QUANT_AVX2_INLINE float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+template <int MR, int NR>
+QUANT_AVX2_INLINE void store_sums(const __m256 (&acc)[MR][NR], int64_t n, float* y, int64_t ldy) {
+  for (int i = 0; i < MR; ++i)
+    for (int r = 0; r < NR; ++r) y[i * ldy + n + r] = hsum(acc[i][r]);
+}
+
+template <int NR>
+struct Rows {
+  const uint8_t* row[NR];
+  const uint8_t* ahead[NR];
+  const float* sc[NR];
+
+  Rows(const QWeight& w, int64_t n) {
+    for (int r = 0; r < NR; ++r) {
+      row[r] = w.row(n + r);
+      ahead[r] = w.row(std::min(n + r + kPrefetchTiles * NR, w.n - 1));
+      sc[r] = w.row_scales(n + r);
+    }
+  }
+  QUANT_AVX2_INLINE void prefetch(int64_t offset) const {
+    for (int r = 0; r < NR; ++r) _mm_prefetch(reinterpret_cast<const char*>(ahead[r] + offset), _MM_HINT_T1);
+  }
+};
+
+// ---- float32 x ---------------------------------------------------------------------------------
+
+// acc[i][r] += scale[r] * sum[i][r], and sum cleared: closes a group.
+template <int MR, int NR>
+QUANT_AVX2_INLINE void close_group(__m256 (&acc)[MR][NR], __m256 (&sum)[MR][NR], const Rows<NR>& rows, int64_t g) {
+  for (int r = 0; r < NR; ++r) {
+    const __m256 s = _mm256_set1_ps(rows.sc[r][g]);
+    for (int i = 0; i < MR; ++i) {
+      acc[i][r] = _mm256_fmadd_ps(sum[i][r], s, acc[i][r]);
+      sum[i][r] = _mm256_setzero_ps();
+    }
+  }
+}
+
+// 16 k of block b of 4-bit rows, from k = 64 b + 8 h (low nibbles) and 64 b + 32 + 8 h (high):
+// lo[i][r] += codes times x, hi[i][r] likewise.
+template <int MR, int NR>
+QUANT_AVX2_INLINE void step4(__m256 (&lo)[MR][NR], __m256 (&hi)[MR][NR], const Rows<NR>& rows, const float* x,
+                             int64_t ldx, int64_t b, int h) {
+  const __m256i low4 = _mm256_set1_epi32(15), eight = _mm256_set1_epi32(8);
+  __m256 xl[MR], xh[MR];
+  for (int i = 0; i < MR; ++i) {
+    xl[i] = _mm256_loadu_ps(x + i * ldx + 64 * b + 8 * h);
+    xh[i] = _mm256_loadu_ps(x + i * ldx + 64 * b + 32 + 8 * h);
+  }
+  for (int r = 0; r < NR; ++r) {
+    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rows.row[r] + 32 * b + 8 * h)));
+    const __m256 l = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v, low4), eight));
+    const __m256 u = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(v, 4), eight));
+    for (int i = 0; i < MR; ++i) {
+      lo[i][r] = _mm256_fmadd_ps(l, xl[i], lo[i][r]);
+      hi[i][r] = _mm256_fmadd_ps(u, xh[i], hi[i][r]);
+    }
+  }
+}
+
+// Rows n .. n + NR - 1 of 4-bit W against MR rows of x (row stride K). Block b (32 bytes) holds
+// k = 64 b + [0, 32) in its low nibbles and 64 b + [32, 64) in its high ones. kHalves: the group
+// size is an odd multiple of 32, so each half block is scaled on its own; otherwise a multiple
+// of 64, and each group's sums are scaled when it closes.
+template <int MR, int NR, bool kHalves>
+QUANT_AVX2 void tile4(const QWeight& w, const float* x, int64_t n, float* y, int64_t ldy) {
+  const Rows<NR> rows(w, n);
+  __m256 acc[MR][NR], lo[MR][NR], hi[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int r = 0; r < NR; ++r) acc[i][r] = lo[i][r] = hi[i][r] = _mm256_setzero_ps();
+  if (kHalves) {
+    for (int64_t b = 0; b < w.k / 64; ++b) {
+      if ((b & 1) == 0) rows.prefetch(32 * b);
+      for (int h = 0; h < 4; ++h) step4<MR, NR>(lo, hi, rows, x, w.k, b, h);
+      close_group<MR, NR>(acc, lo, rows, 64 * b / w.group);
+      close_group<MR, NR>(acc, hi, rows, (64 * b + 32) / w.group);
+    }
+  } else {
+    const int64_t blocks_per_group = w.group / 64;
+    for (int64_t g = 0; g < w.groups; ++g) {
+      for (int64_t b = g * blocks_per_group; b < (g + 1) * blocks_per_group; ++b) {
+        if ((b & 1) == 0) rows.prefetch(32 * b);
+        for (int h = 0; h < 4; ++h) step4<MR, NR>(lo, hi, rows, x, w.k, b, h);
+      }
+      for (int i = 0; i < MR; ++i)
+        for (int r = 0; r < NR; ++r) {
+          lo[i][r] = _mm256_add_ps(lo[i][r], hi[i][r]);
+          hi[i][r] = _mm256_setzero_ps();
+        }
+      close_group<MR, NR>(acc, lo, rows, g);
+    }
+  }
+  store_sums<MR, NR>(acc, n, y, ldy);
+}
+
+// As tile4 for 8-bit W; the group size is a multiple of 8.
+template <int MR, int NR>
+QUANT_AVX2 void tile8(const QWeight& w, const float* x, int64_t n, float* y, int64_t ldy) {
+  const Rows<NR> rows(w, n);
+  __m256 acc[MR][NR], sum[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int r = 0; r < NR; ++r) acc[i][r] = sum[i][r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < w.groups; ++g) {
+    for (int64_t k = g * w.group; k < (g + 1) * w.group; k += 8) {
+      if ((k & 63) == 0) rows.prefetch(k);
+      __m256 xv[MR];
+      for (int i = 0; i < MR; ++i) xv[i] = _mm256_loadu_ps(x + i * w.k + k);
+      for (int r = 0; r < NR; ++r) {
+        const __m256 q = _mm256_cvtepi32_ps(
+            _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rows.row[r] + k))));
+        for (int i = 0; i < MR; ++i) sum[i][r] = _mm256_fmadd_ps(q, xv[i], sum[i][r]);
+      }
+    }
+    close_group<MR, NR>(acc, sum, rows, g);
+  }
+  store_sums<MR, NR>(acc, n, y, ldy);
+}
+
+// Any group size: each row dequantized first.
+QUANT_AVX2 void gemv_any_group(const QWeight& w, const float* x, int64_t m, int64_t n0, int64_t n1, float* y,
+                               int64_t ldy) {
+  std::vector<float> row(static_cast<size_t>(w.k));
+  for (int64_t n = n0; n < n1; ++n) {
+    dequant_row(w, n, 0, w.k, row.data(), Isa::kScalar);
+    for (int64_t i = 0; i < m; ++i) {
+      const float* xi = x + i * w.k;
+      __m256 acc = _mm256_setzero_ps();
+      int64_t k = 0;
+      for (; k + 8 <= w.k; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(xi + k), _mm256_loadu_ps(row.data() + k), acc);
+      float tail = 0.0f;
+      for (; k < w.k; ++k) tail += xi[k] * row[k];
+      y[i * ldy + n] = hsum(acc) + tail;
+    }
+  }
+}
+
+template <int MR, int NR>
+void rows_f32(const QWeight& w, const float* x, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  int64_t n = n0;
+  if (w.bits == 4 && w.group % 64 != 0) {
+    for (; n + NR <= n1; n += NR) tile4<MR, NR, true>(w, x, n, y, ldy);
+    for (; n < n1; ++n) tile4<MR, 1, true>(w, x, n, y, ldy);
+  } else if (w.bits == 4) {
+    for (; n + NR <= n1; n += NR) tile4<MR, NR, false>(w, x, n, y, ldy);
+    for (; n < n1; ++n) tile4<MR, 1, false>(w, x, n, y, ldy);
+  } else {
+    for (; n + NR <= n1; n += NR) tile8<MR, NR>(w, x, n, y, ldy);
+    for (; n < n1; ++n) tile8<MR, 1>(w, x, n, y, ldy);
+  }
+}
+
+// ---- int8 x ------------------------------------------------------------------------------------
+
+// 8 lane sums of the 32 bytes of 4-bit codes `codes` (unsigned, q + 8) times the 32 x codes at xq.
+QUANT_AVX2_INLINE __m256i dot4(__m256i codes, const int8_t* xq) {
+  const __m256i pairs = _mm256_maddubs_epi16(codes, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq)));
+  return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
+// 8 lane sums of 32 signed weights times 32 x codes, through int16.
+QUANT_AVX2_INLINE __m256i dot8(const uint8_t* wq, const int8_t* xq) {
+  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq));
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+  const __m256i a = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(w)),
+                                      _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)));
+  const __m256i b = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1)),
+                                      _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1)));
+  return _mm256_add_epi32(a, b);
+}
+
+// sum[i][r] += float(lane sums s[i]) * sx of run `run` of row i0 + i.
+template <int MR, int NR>
+QUANT_AVX2_INLINE void add_run(__m256 (&sum)[MR][NR], int r, const __m256i (&s)[MR], const float* const (&sx)[MR],
+                               int64_t run) {
+  for (int i = 0; i < MR; ++i)
+    sum[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]), _mm256_broadcast_ss(sx[i] + run), sum[i][r]);
+}
+
+// Rows n .. n + NR - 1 of W against rows i0 .. i0 + MR - 1 of x, a run of 32 k at a time (4
+// bits: runs 2b and 2b + 1 are the low and high nibbles of block b): each group's runs summed
+// times their sx, then times the group's scale.
+template <int MR, int NR>
+QUANT_AVX2 void tile_int8x(const QWeight& w, const XInt8& x, int64_t i0, int64_t n, float* y, int64_t ldy) {
+  const Rows<NR> rows(w, n);
+  __m256 acc[MR][NR], sum[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int r = 0; r < NR; ++r) acc[i][r] = sum[i][r] = _mm256_setzero_ps();
+  const int64_t runs = w.k / XInt8::kRun, group_runs = w.group / XInt8::kRun;
+  const int8_t* xq[MR];
+  const float* sx[MR];
+  for (int i = 0; i < MR; ++i) {
+    xq[i] = x.q.data() + (i0 + i) * w.k;
+    sx[i] = x.scale.data() + (i0 + i) * runs;
+  }
+  const __m256i low4 = _mm256_set1_epi8(15);
+  const float* offset[MR];  // 4 bits: the +8's share of each run, sx * -8 * (sum of its x codes)
+  if (w.bits == 4)
+    for (int i = 0; i < MR; ++i) offset[i] = reinterpret_cast<const float*>(x.row(i0 + i));
+  for (int64_t g = 0; g < w.groups; ++g) {
+    const int64_t r0 = g * group_runs, r1 = r0 + group_runs;
+    if (w.bits == 4 && group_runs % 2 == 0) {
+      for (int64_t run = r0; run < r1; run += 2) {
+        const int64_t k = run * XInt8::kRun;
+        if ((run & 3) == 0) rows.prefetch(k / 2);
+        for (int r = 0; r < NR; ++r) {
+          const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows.row[r] + k / 2));
+          const __m256i lo = _mm256_and_si256(b, low4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low4);
+          __m256i s0[MR], s1[MR];
+          for (int i = 0; i < MR; ++i) {
+            s0[i] = dot4(lo, xq[i] + k);
+            s1[i] = dot4(hi, xq[i] + k + XInt8::kRun);
+          }
+          add_run<MR, NR>(sum, r, s0, sx, run);
+          add_run<MR, NR>(sum, r, s1, sx, run + 1);
+        }
+      }
+    } else {
+      // 8 bits, or 4-bit groups of an odd number of runs, whose blocks straddle groups: the
+      // low or the high nibbles of a block, run by run.
+      for (int64_t run = r0; run < r1; ++run) {
+        const int64_t k = run * XInt8::kRun;
+        if ((run & 1) == 0) rows.prefetch(w.bits == 4 ? k / 2 : k);
+        for (int r = 0; r < NR; ++r) {
+          __m256i s[MR];
+          if (w.bits == 4) {
+            const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows.row[r] + k / 64 * 32));
+            const __m256i codes = _mm256_and_si256((run & 1) ? _mm256_srli_epi16(b, 4) : b, low4);
+            for (int i = 0; i < MR; ++i) s[i] = dot4(codes, xq[i] + k);
+          } else {
+            for (int i = 0; i < MR; ++i) s[i] = dot8(rows.row[r] + k, xq[i] + k);
+          }
+          add_run<MR, NR>(sum, r, s, sx, run);
+        }
+      }
+    }
+    if (w.bits == 4)
+      for (int i = 0; i < MR; ++i) {
+        float total = 0.0f;
+        for (int64_t run = r0; run < r1; ++run) total += offset[i][run];
+        const __m256 lane0 = _mm256_setr_ps(total, 0, 0, 0, 0, 0, 0, 0);
+        for (int r = 0; r < NR; ++r) sum[i][r] = _mm256_add_ps(sum[i][r], lane0);
+      }
+    close_group<MR, NR>(acc, sum, rows, g);
+  }
+  store_sums<MR, NR>(acc, n, y + i0 * ldy, ldy);
+}
+
+template <int MR, int NR>
+void rows_int8x(const QWeight& w, const XInt8& x, int64_t i0, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  int64_t n = n0;
+  for (; n + NR <= n1; n += NR) tile_int8x<MR, NR>(w, x, i0, n, y, ldy);
+  for (; n < n1; ++n) tile_int8x<MR, 1>(w, x, i0, n, y, ldy);
+}
+
+}  // namespace
+
+void gemv_avx2(const QWeight& w, const float* x, int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  if (w.group % (w.bits == 4 ? 32 : 8) != 0) return gemv_any_group(w, x, m, n0, n1, y, ldy);
+  // Rows of x four at a time, then two, then one: a row's sums are the same in each. 4 bits
+  // keep 3 MR x NR accumulators in registers.
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4) {
+    if (w.bits == 4) {
+      rows_f32<4, 1>(w, x + i * w.k, n0, n1, y + i * ldy, ldy);
+    } else {
+      rows_f32<4, 2>(w, x + i * w.k, n0, n1, y + i * ldy, ldy);
+    }
+  }
+  for (; i + 2 <= m; i += 2) rows_f32<2, 2>(w, x + i * w.k, n0, n1, y + i * ldy, ldy);
+  for (; i < m; ++i) rows_f32<1, 4>(w, x + i * w.k, n0, n1, y + i * ldy, ldy);
+}
+
+void gemv_int8x_avx2(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  int64_t i = 0;
+  for (; i + 4 <= x.m; i += 4) rows_int8x<4, 2>(w, x, i, n0, n1, y, ldy);
+  for (; i + 2 <= x.m; i += 2) rows_int8x<2, 2>(w, x, i, n0, n1, y, ldy);
+  for (; i < x.m; ++i) rows_int8x<1, 4>(w, x, i, n0, n1, y, ldy);
+}
+
+}  // namespace anychip::cpu::quant
