@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import anychip.ops as ops
+import benchlib
 from benchlib import Case, Cycle, RooflineShare, aligned_empty_like, host_tensor, stream_count
 
 R, C = 4096, 4096
@@ -75,6 +76,8 @@ def test_rms_norm_fwd(benchmark, bench, pd, request, impl):
     if impl == "anychip":
         fn = lambda: ops.rms_norm(nxt(), wt, eps=EPS)  # noqa: E731
     elif impl == "paddle_fused":
+        if benchlib.PADDLE_FUSED_RMS_NORM_NEEDS not in benchlib.cpu_flags():
+            pytest.skip(benchlib.PADDLE_FUSED_RMS_NORM_MISSING)
         fn = lambda: pd.incubate.nn.functional.fused_rms_norm(nxt(), wt, None, EPS, 1)[0]  # noqa: E731
     else:
         fn = lambda: _paddle_composed(pd, nxt(), wt)  # noqa: E731

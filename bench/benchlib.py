@@ -114,6 +114,25 @@ def l3_bytes(default: int = 300 * 2**20) -> int:
     return best or default
 
 
+def cpu_flags() -> set[str]:
+    """The host CPU's feature flags (/proc/cpuinfo); empty where the system does not say."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+# Paddle 3.3.1's CPU fused_rms_norm (phi::fusion::RmsNormAvxKernel) runs AVX-512 instructions
+# without checking for them: on a CPU without AVX-512 the process dies of SIGILL.
+PADDLE_FUSED_RMS_NORM_NEEDS = "avx512f"
+PADDLE_FUSED_RMS_NORM_MISSING = ("Paddle's CPU fused_rms_norm uses AVX-512 without checking for it (SIGILL on "
+                                 "this CPU, which has none)")
+
+
 def machine_info() -> dict:
     return {
         "cpu": cpu_model(),

@@ -271,6 +271,8 @@ def _rms_norm(p: Preset, dtype: str, es: int) -> list[KernelCase]:
                 "weight": (1.0 + 0.1 * rng.standard_normal(h)).astype(np.float32)}
 
     def paddle_fused(arrays, dtype):
+        if benchlib.PADDLE_FUSED_RMS_NORM_NEEDS not in benchlib.cpu_flags():
+            raise Unavailable(benchlib.PADDLE_FUSED_RMS_NORM_MISSING)
         x = _host(arrays, dtype)
         fused = _paddle().incubate.nn.functional.fused_rms_norm
         return lambda: fused(x["x"], x["weight"], None, EPS, 1)[0]

@@ -62,7 +62,9 @@ def test_bench_writes_json_with_every_device_and_implementation(run_dir):
         for device in ("cpu", "npu"):
             rows = {r["impl"]: r for r in doc["records"] if r["case"] == case and r["device"] == device}
             assert {"anychip", "reference"} <= set(rows), (case, device, sorted(rows))
-            assert any(r["role"] == "peer" for r in rows.values()), (case, device)
+            # a peer ran beside anychip, or the case says why none could here (Paddle's
+            # fused_rms_norm needs AVX-512; torch may be absent)
+            assert any(r["role"] == "peer" for r in rows.values()) or cases[case]["unavailable"], (case, device)
             me = rows["anychip"]
             assert me["where"] == device and not me["fallback"] and me["ms"] > 0 and me["rate"] > 0
             assert me["speedup_vs_reference"] == pytest.approx(rows["reference"]["ms"] / me["ms"])
