@@ -59,7 +59,7 @@ void product_f32(const float* a, int64_t m, const Matrix& b, bool b_transposed, 
   quant::DirectF32 direct;  // float32 rows of y: written straight from the product's registers
   if (out.y->dtype == ANYCHIP_DTYPE_FLOAT32 && !out.transposed)
     direct = {static_cast<float*>(out.y->data), out.ld, out.bias};
-  quant::gemm_f32(a, l, m, l, j, pack, store, threads, direct);
+  quant::gemm_f32(a, l, m, l, j, pack, store, threads, isa, direct);
 }
 
 // gemm_amx multiplies the whole contraction of each 32 x 32 tile in one go, its packed B tiles

@@ -166,7 +166,8 @@ void amx_thread_end();
 
 // ---- blocked products: C[M][J] = A[M][L] B[L][J] ----------------------------------------------
 
-// AVX-512 FMA. A is float32 (row stride lda). B is packed on demand, 64 columns at a time:
+// FMA, AVX-512 or (isa kAvx2) AVX2. A is float32 (row stride lda). B is packed on demand, 64
+// columns at a time:
 // pack(j0, l0, lb, bp, scratch) writes bp[l][jj] = B[l0 + l][j0 + jj] for l < lb, jj < 64
 // (zeros for columns past J); scratch holds 16 * lb floats. store(m0, mb, j0, c) receives
 // C[m0 + i][j0 + jj] = c[i * 64 + jj] for i < mb and the columns jj < 64 that exist.
@@ -180,7 +181,7 @@ struct DirectF32 {
   const float* bias = nullptr;
 };
 void gemm_f32(const float* a, int64_t lda, int64_t m, int64_t l, int64_t j, const PackF32& pack,
-              const StoreF32& store, int threads, const DirectF32& direct = {});
+              const StoreF32& store, int threads, Isa isa, const DirectF32& direct = {});
 
 // AMX. A is bf16 (tdpbf16ps) or int8 (tdpbssd), row stride lda bytes, with round_up(M, 32)
 // rows and the contraction padded with zeros to lp, a multiple of the tile depth d (32 bf16 or

@@ -1,6 +1,6 @@
 // Dequantization of weight rows, float dtype conversion and a dword transpose, for the
-// quantized-linear kernels. Scalar and AVX-512 versions give the same values: W = float(q) * scale,
-// or fma(float(q), scale, offset) for asymmetric groups.
+// quantized-linear kernels. Scalar, AVX2 and AVX-512 versions give the same values:
+// W = float(q) * scale, or fma(float(q), scale, offset) for asymmetric groups.
 #include <algorithm>
 #include <cmath>
 
@@ -47,6 +47,34 @@ QUANT_AVX512 void dequant_row_avx512(const QWeight& w, int64_t n, int64_t k0, in
       for (; k < end; ++k) out[k - k0] = weight_value(qvalue(w, n, k), s, o, g);
     }
     k = end;
+  }
+}
+
+// dequant_row_scalar on AVX2, 8 k at a time (the ends of a group that are not whole 8s one by one).
+__attribute__((target("avx2,fma"))) void dequant_row_avx2(const QWeight& w, int64_t n, int64_t k0, int64_t k1,
+                                                          float* out) {
+  const uint8_t* row = w.row(n);
+  const float* s = w.row_scales(n);
+  const float* o = w.row_offsets(n);
+  for (int64_t k = k0; k < k1;) {
+    const int64_t g = k / w.group, end = std::min(k1, (g + 1) * w.group);
+    const __m256 scale = _mm256_set1_ps(s[g]), offset = _mm256_set1_ps(o == nullptr ? 0.0f : o[g]);
+    for (; k < end && (k & 7) != 0; ++k) out[k - k0] = weight_value(qvalue(w, n, k), s, o, g);
+    for (; k + 8 <= end; k += 8) {
+      __m256i q;
+      if (w.bits == 8) {
+        q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k)));
+      } else {
+        // k .. k + 7 lie in one half of block k / 64: bytes (k & 31) .., low nibbles below 32
+        const __m256i b = _mm256_cvtepu8_epi32(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + (k >> 6) * 32 + (k & 31))));
+        q = _mm256_sub_epi32((k & 32) ? _mm256_srli_epi32(b, 4) : _mm256_and_si256(b, _mm256_set1_epi32(15)),
+                             _mm256_set1_epi32(8));
+      }
+      const __m256 v = _mm256_cvtepi32_ps(q);
+      _mm256_storeu_ps(out + (k - k0), o == nullptr ? _mm256_mul_ps(v, scale) : _mm256_fmadd_ps(v, scale, offset));
+    }
+    for (; k < end; ++k) out[k - k0] = weight_value(qvalue(w, n, k), s, o, g);
   }
 }
 
@@ -107,7 +135,9 @@ QUANT_AVX512 void transpose16_avx512(const uint32_t* src, int64_t ld_src, uint32
 }  // namespace
 
 void dequant_row(const QWeight& w, int64_t n, int64_t k0, int64_t k1, float* out, Isa isa) {
-  if (!has_avx512(isa)) {
+  if (isa == Isa::kAvx2) {
+    dequant_row_avx2(w, n, k0, k1, out);
+  } else if (!has_avx512(isa)) {
     dequant_row_scalar(w, n, k0, k1, out);
   } else {
     dequant_row_avx512(w, n, k0, k1, out);

@@ -1,6 +1,7 @@
 // Blocked products for prefill / training sizes: B (the dequantized weights) is packed into a
 // small scratch, a block of columns at a time, and multiplied by all of A (a chunk of its rows)
 // before the next block. Each task owns whole column blocks of its rows, so C needs no reduction.
+// The float32 tiles come in AVX-512 and AVX2 versions; the blocking is the same.
 #include <omp.h>
 
 #include <algorithm>
@@ -87,6 +88,59 @@ QUANT_AVX512 void copy_rows(const float* a, int64_t lda, int64_t rows, int64_t n
     }
 }
 
+// ---- AVX2 FMA: the same 64-column tiles, a 16-column slice at a time (MR x 2 registers) -----
+
+#define QUANT_AVX2 __attribute__((target("avx2,fma")))
+
+template <int MR>
+QUANT_AVX2 void tile_f32_avx2(const float* a, int64_t lda, const float* bp, int64_t lb, float* c, bool first,
+                              const TileOut& out) {
+  for (int64_t s = 0; s < kCols; s += 16) {
+    const int64_t cols = out.y == nullptr ? 16 : std::min<int64_t>(16, out.cols - s);
+    if (cols <= 0) break;
+    __m256 acc[MR][2];
+    for (int i = 0; i < MR; ++i)
+      for (int h = 0; h < 2; ++h)
+        acc[i][h] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(c + i * kCols + s + 8 * h);
+    for (int64_t l = 0; l < lb; ++l) {
+      const __m256 b0 = _mm256_loadu_ps(bp + l * kCols + s), b1 = _mm256_loadu_ps(bp + l * kCols + s + 8);
+      for (int i = 0; i < MR; ++i) {
+        const __m256 av = _mm256_broadcast_ss(a + i * lda + l);
+        acc[i][0] = _mm256_fmadd_ps(av, b0, acc[i][0]);
+        acc[i][1] = _mm256_fmadd_ps(av, b1, acc[i][1]);
+      }
+    }
+    if (out.y == nullptr) {
+      for (int i = 0; i < MR; ++i)
+        for (int h = 0; h < 2; ++h) _mm256_storeu_ps(c + i * kCols + s + 8 * h, acc[i][h]);
+      continue;
+    }
+    // Lanes of each half below `cols`, and the bias under them.
+    __m256i mask[2];
+    __m256 bias[2];
+    for (int h = 0; h < 2; ++h) {
+      mask[h] = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(cols - 8 * h)),
+                                   _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+      bias[h] = out.bias == nullptr ? _mm256_setzero_ps() : _mm256_maskload_ps(out.bias + s + 8 * h, mask[h]);
+    }
+    for (int i = 0; i < MR; ++i)
+      for (int h = 0; h < 2; ++h)
+        _mm256_maskstore_ps(out.y + i * out.ld + s + 8 * h, mask[h], _mm256_add_ps(acc[i][h], bias[h]));
+  }
+}
+
+void tile_rows_avx2(int64_t mr, const float* a, int64_t lda, const float* bp, int64_t lb, float* c, bool first,
+                    const TileOut& out) {
+  switch (mr) {
+    case 1: return tile_f32_avx2<1>(a, lda, bp, lb, c, first, out);
+    case 2: return tile_f32_avx2<2>(a, lda, bp, lb, c, first, out);
+    case 3: return tile_f32_avx2<3>(a, lda, bp, lb, c, first, out);
+    case 4: return tile_f32_avx2<4>(a, lda, bp, lb, c, first, out);
+    case 5: return tile_f32_avx2<5>(a, lda, bp, lb, c, first, out);
+    default: return tile_f32_avx2<kTile>(a, lda, bp, lb, c, first, out);
+  }
+}
+
 void tile_rows(int64_t mr, const float* a, int64_t lda, const float* bp, int64_t lb, float* c, bool first,
                const TileOut& out) {
   switch (mr) {
@@ -169,7 +223,8 @@ QUANT_AMX void gemm_amx_thread(const uint8_t* a, int64_t lda, bool int8, int64_t
 }  // namespace
 
 void gemm_f32(const float* a, int64_t lda, int64_t m, int64_t l, int64_t j, const PackF32& pack,
-              const StoreF32& store, int threads, const DirectF32& direct) {
+              const StoreF32& store, int threads, Isa isa, const DirectF32& direct) {
+  const bool avx512 = has_avx512(isa);
   const int64_t blocks = (j + kCols - 1) / kCols;
   // A task is a group of column blocks times a chunk of rows, the chunks as equal as whole tiles
   // allow (600 rows: 300 + 300, not 512 + 88). Few column blocks (N = 576: 9) would leave a
@@ -212,7 +267,11 @@ void gemm_f32(const float* a, int64_t lda, int64_t m, int64_t l, int64_t j, cons
         const float* as = a + m0 * lda + l0;
         int64_t ld = lda;
         if (group > 1) {
-          copy_rows(as, lda, mb, lb, panel.data());
+          if (avx512) {
+            copy_rows(as, lda, mb, lb, panel.data());
+          } else {
+            for (int64_t i = 0; i < mb; ++i) std::copy(as + i * lda, as + i * lda + lb, panel.data() + i * lb);
+          }
           as = panel.data();
           ld = lb;
         }
@@ -226,7 +285,8 @@ void gemm_f32(const float* a, int64_t lda, int64_t m, int64_t l, int64_t j, cons
             out = {direct.y + m0 * direct.ld + j0, direct.ld, std::min(kCols, j - j0),
                    direct.bias == nullptr ? nullptr : direct.bias + j0};
           for (int64_t i = 0; i < mb; i += kTile) {
-            tile_rows(std::min<int64_t>(kTile, mb - i), as + i * ld, ld, bp, lb, cb + i * kCols, l0 == 0, out);
+            (avx512 ? tile_rows : tile_rows_avx2)(std::min<int64_t>(kTile, mb - i), as + i * ld, ld, bp, lb,
+                                                  cb + i * kCols, l0 == 0, out);
             if (out.y != nullptr) out.y += kTile * out.ld;
           }
         }

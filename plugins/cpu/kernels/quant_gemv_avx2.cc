@@ -165,7 +165,7 @@ QUANT_AVX2 void gemv_any_group(const QWeight& w, const float* x, int64_t m, int6
                                int64_t ldy) {
   std::vector<float> row(static_cast<size_t>(w.k));
   for (int64_t n = n0; n < n1; ++n) {
-    dequant_row(w, n, 0, w.k, row.data(), Isa::kScalar);
+    dequant_row(w, n, 0, w.k, row.data(), Isa::kAvx2);
     for (int64_t i = 0; i < m; ++i) {
       const float* xi = x + i * w.k;
       __m256 acc = _mm256_setzero_ps();

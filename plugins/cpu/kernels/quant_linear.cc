@@ -180,27 +180,33 @@ void forward_gemv_amx(const QWeight& w, const AnychipTensor& x, int64_t m, const
 
 void forward_f32(const QWeight& w, const float* x, int64_t m, const AnychipTensor& y, const float* bias, Isa isa,
                  int threads) {
-  // B[k][n] = W[n][k]: dequantize 16 rows of W, transpose 16 x 16 blocks into the packed panel.
-  auto pack = [&w](int64_t j0, int64_t l0, int64_t lb, float* bp, float* scratch) {
+  // B[k][n] = W[n][k]: dequantize 16 rows of W, transpose 16 x 16 blocks into the packed panel
+  // (AVX2: element by element; each panel then serves all M rows).
+  auto pack = [&w, isa](int64_t j0, int64_t l0, int64_t lb, float* bp, float* scratch) {
     const int64_t ld = round_up(lb, 16);
     for (int64_t r0 = 0; r0 < 64; r0 += 16) {
       for (int64_t r = 0; r < 16; ++r) {
         const int64_t n = j0 + r0 + r;
         if (n < w.n) {
-          dequant_row(w, n, l0, l0 + lb, scratch + r * ld, Isa::kAvx512);
+          dequant_row(w, n, l0, l0 + lb, scratch + r * ld, isa);
         } else {
           std::fill(scratch + r * ld, scratch + r * ld + lb, 0.0f);
         }
       }
-      for (int64_t l = 0; l < lb; l += 16)
-        transpose16(reinterpret_cast<const uint32_t*>(scratch + l), ld, reinterpret_cast<uint32_t*>(bp + l * 64 + r0),
-                    64);
+      if (has_avx512(isa)) {
+        for (int64_t l = 0; l < lb; l += 16)
+          transpose16(reinterpret_cast<const uint32_t*>(scratch + l), ld,
+                      reinterpret_cast<uint32_t*>(bp + l * 64 + r0), 64);
+      } else {
+        for (int64_t l = 0; l < lb; ++l)
+          for (int64_t r = 0; r < 16; ++r) bp[l * 64 + r0 + r] = scratch[r * ld + l];
+      }
     }
   };
   auto store = [&](int64_t m0, int64_t mb, int64_t j0, const float* c) {
     store_rows(y, w.n, m0, mb, j0, std::min<int64_t>(64, w.n - j0), c, 64, bias, isa);
   };
-  gemm_f32(x, w.k, m, w.k, w.n, pack, store, threads);
+  gemm_f32(x, w.k, m, w.k, w.n, pack, store, threads, isa);
 }
 
 void forward_amx(const QWeight& w, const AnychipTensor& x, int64_t m, const AnychipTensor& y, const float* bias,
@@ -258,17 +264,17 @@ void grad_gemv(const QWeight& w, const float* dy, int64_t m, const AnychipTensor
 
 void grad_f32(const QWeight& w, const float* dy, int64_t m, const AnychipTensor& dx, Isa isa, int threads) {
   // B[n][k] = W[n][k]: rows of W dequantized straight into the packed panel.
-  auto pack = [&w](int64_t j0, int64_t l0, int64_t lb, float* bp, float*) {
+  auto pack = [&w, isa](int64_t j0, int64_t l0, int64_t lb, float* bp, float*) {
     const int64_t cols = std::min<int64_t>(64, w.k - j0);
     for (int64_t l = 0; l < lb; ++l) {
-      dequant_row(w, l0 + l, j0, j0 + cols, bp + l * 64, Isa::kAvx512);
+      dequant_row(w, l0 + l, j0, j0 + cols, bp + l * 64, isa);
       std::fill(bp + l * 64 + cols, bp + l * 64 + 64, 0.0f);
     }
   };
   auto store = [&](int64_t m0, int64_t mb, int64_t j0, const float* c) {
     store_rows(dx, w.k, m0, mb, j0, std::min<int64_t>(64, w.k - j0), c, 64, nullptr, isa);
   };
-  gemm_f32(dy, w.n, m, w.n, w.k, pack, store, threads);
+  gemm_f32(dy, w.n, m, w.n, w.k, pack, store, threads, isa);
 }
 
 void grad_amx(const QWeight& w, const AnychipTensor& dy, int64_t m, const AnychipTensor& dx, Isa isa, int threads) {
@@ -369,7 +375,7 @@ ANYCHIP_CPU_KERNEL(weight_only_linear) {
   const float* xf = as_f32(xp, m * w.k, buffer, isa, nt);
   // Without AMX, bf16_products rows all take the blocked product, so that they too do not
   // depend on M.
-  if (!has_avx512(isa) || (m <= kGemvRows && bf16_products == 0)) {
+  if (isa == Isa::kScalar || (m <= kGemvRows && bf16_products == 0)) {
     forward_gemv(w, xf, m, y, b, isa, nt);
   } else {
     forward_f32(w, xf, m, y, b, isa, nt);
@@ -405,7 +411,7 @@ ANYCHIP_CPU_KERNEL(weight_only_linear_grad) {
   }
   std::vector<float> buffer;
   const float* dyf = as_f32(dy, m * w.n, buffer, isa, nt);
-  if (!has_avx512(isa) || small) {
+  if (isa == Isa::kScalar || small) {
     grad_gemv(w, dyf, m, dx, isa, nt);
   } else {
     grad_f32(w, dyf, m, dx, isa, nt);
