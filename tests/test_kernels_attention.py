@@ -342,7 +342,7 @@ def test_flashmask_equals_dense_mask_bit_for_bit(case, dtype):
 
 
 @pytest.mark.skipif(bool(os.environ.get("ANYCHIP_CPU_ISA")), reason="this run is already capped")
-@pytest.mark.parametrize("isa", isa_params("scalar", "avx512"))
+@pytest.mark.parametrize("isa", isa_params("scalar", "avx2", "avx512"))
 def test_every_isa_path(isa):
     """Reruns this file with the kernels capped to `isa` (each picks its path per call)."""
     result = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-x", "-p", "no:cacheprovider"],

@@ -109,8 +109,9 @@ struct Engine {
 // The engine for a dtype (ANYCHIP_DTYPE_*) on an ISA; null if the dtype is not a float type.
 const Engine* engine_for(Isa isa, int32_t dtype);
 
-// Per-ISA tables (attention_engine_{scalar,avx512,amx}.cc).
+// Per-ISA tables (attention_engine_{scalar,avx2,avx512,amx}.cc).
 const Engine* scalar_engine(int32_t dtype);
+const Engine* avx2_engine(int32_t dtype);
 const Engine* avx512_engine(int32_t dtype);
 const Engine* amx_engine(int32_t dtype);  // bfloat16 only; null otherwise
 
