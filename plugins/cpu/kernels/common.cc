@@ -16,7 +16,8 @@ constexpr long kXfeatureXtiledata = 18;
 Isa detect() {
   __builtin_cpu_init();
   Isa best = Isa::kScalar;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = Isa::kAvx2;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    best = Isa::kAvx2;
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") &&
       __builtin_cpu_supports("avx512vnni")) {

@@ -1,7 +1,7 @@
 // Shared by the host kernels: element conversion, argument access, errors, ISA dispatch.
 //
 // Kernels pick an instruction set per call (isa()): AMX (tile matmul, bf16/int8), AVX-512 (with
-// BF16/VNNI extensions), AVX2 (with FMA: the hot decode and prefill kernels, for CPUs
+// BF16/VNNI extensions), AVX2 (with FMA and F16C: the hot decode and prefill kernels, for CPUs
 // without AVX-512 such as AMD's before Zen 4) and scalar C++. A kernel without code for the
 // chosen tier runs the best tier below it that it has. ANYCHIP_CPU_ISA=scalar|avx2|avx512|amx
 // caps the choice, so tests run every path the CPU has on one machine.

@@ -38,6 +38,69 @@ void block_scalar(const Keys<T>& kv, int64_t j0, int64_t j1, const float* q, int
   part[d + 1] = sum;
 }
 
+// ---- AVX2 -------------------------------------------------------------------------------------
+
+#define DECODER_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+DECODER_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+DECODER_AVX2 inline __m256 load8(const bf16* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+DECODER_AVX2 inline __m256 load8(const fp16* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+DECODER_AVX2 inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// block_scalar with each score's dot product summed in 8 lanes, and the weighted sum of V 64
+// columns of the head at a time in registers.
+template <typename T>
+DECODER_AVX2 void block_avx2(const Keys<T>& kv, int64_t j0, int64_t j1, const float* q, int64_t d, float scale,
+                             float* scores, float* part) {
+  const int64_t len = j1 - j0, d8 = d / 8 * 8;
+  float m = -INFINITY;
+  for (int64_t j = 0; j < len; ++j) {
+    const T* kj = kv.key(j0 + j);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t t = 0; t < d8; t += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + t), load8(kj + t), acc);
+    float s = hsum8(acc);
+    for (int64_t t = d8; t < d; ++t) s += q[t] * to_float(kj[t]);
+    scores[j] = s * scale;
+    m = std::max(m, scores[j]);
+  }
+  float sum = 0.0f;
+  for (int64_t j = 0; j < len; ++j) {
+    scores[j] = std::exp(scores[j] - m);
+    sum += scores[j];
+  }
+  for (int64_t t0 = 0; t0 < d8; t0 += 64) {
+    const int vectors = static_cast<int>(std::min<int64_t>(8, (d8 - t0) / 8));
+    __m256 acc[8];
+    for (int c = 0; c < 8; ++c) acc[c] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < len; ++j) {
+      const __m256 p = _mm256_set1_ps(scores[j]);
+      const T* vj = kv.value(j0 + j) + t0;
+      for (int c = 0; c < vectors; ++c) acc[c] = _mm256_fmadd_ps(p, load8(vj + 8 * c), acc[c]);
+    }
+    for (int c = 0; c < vectors; ++c) _mm256_storeu_ps(part + t0 + 8 * c, acc[c]);
+  }
+  for (int64_t t = d8; t < d; ++t) {
+    float v = 0.0f;
+    for (int64_t j = 0; j < len; ++j) v += scores[j] * to_float(kv.value(j0 + j)[t]);
+    part[t] = v;
+  }
+  part[d] = m;
+  part[d + 1] = sum;
+}
+
+// ---- AVX-512 -----------------------------------------------------------------------------------
+
 // Lane i of the result is the sum of the 16 lanes of a[i]: interleaving pairs of vectors and
 // adding halves the vectors while doubling the sums each holds.
 ANYCHIP_AVX512 inline __m512 sum16(const __m512 (&a)[16]) {
@@ -124,7 +187,9 @@ ANYCHIP_AVX512 void block_avx512(const Keys<T>& kv, int64_t j0, int64_t j1, cons
 template <typename T>
 void attend_block(const Keys<T>& kv, int64_t j0, int64_t j1, const float* q, int64_t d, float scale, float* scores,
                   float* part, Isa isa) {
-  if (!has_avx512(isa)) {
+  if (isa == Isa::kAvx2) {
+    block_avx2(kv, j0, j1, q, d, scale, scores, part);
+  } else if (!has_avx512(isa)) {
     block_scalar(kv, j0, j1, q, d, scale, scores, part);
   } else {
     block_avx512(kv, j0, j1, q, d, scale, scores, part);
