@@ -44,6 +44,7 @@ def run(device):
     loss, per_token = model.batch_loss(batch, batch.loss_tokens)
     loss.backward()
     norm = optimizer.clip_grad_norm(0.5)  # below the first step's norm: the scaling runs too
+    grads = {{n: p.grad.numpy().tolist() for n, p in model.params.items()}}  # as the step gets them
     optimizer.step({lr}, 1)
     optimizer.zero_grad()
     decoder = LlamaForCausalLM(base, (device, 0))
@@ -53,7 +54,7 @@ def run(device):
     completions, _ = Generator(decoder, base.tokenizer).generate(
         prompts, SamplingParams(max_new_tokens=6, ignore_eos=True))
     return dict(loss=float(loss), per_token=per_token.numpy().tolist(), norm=norm,
-                params={{n: p.numpy().tolist() for n, p in model.params.items()}},
+                params={{n: p.numpy().tolist() for n, p in model.params.items()}}, grads=grads,
                 logits=logits.numpy().tolist(), tokens=[c.tokens for c in completions])
 
 results = {{"cpu": run("cpu"), "device": run({device!r})}}
@@ -68,6 +69,7 @@ def data_file(tmp_path_factory):
 
 
 LR = 1e-2
+EPS = 1e-8  # AdamW's default, which the step uses
 _runs: dict[str, dict] = {}
 
 
@@ -97,11 +99,15 @@ def test_training_step_runs_strict_and_matches_cpu(device, model_dir, data_file)
     assert dev["params"].keys() == cpu["params"].keys()
     for name, value in cpu["params"].items():
         want, got = np.asarray(value), np.asarray(dev["params"][name])
-        # per tensor: AdamW normalises each element's step, so an element whose gradient is
-        # float32 rounding noise moves by up to lr either way on both devices alike; the tensor
-        # as a whole must agree to 1e-4, and no element may differ by more than lr / 100
+        # The tensor as a whole must agree to 1e-4. Element by element: AdamW's first step is
+        # lr * g / (|g| + eps), within lr / 100 of lr * sign(g) once |g| exceeds 100 eps, so
+        # those elements must agree to lr / 100. Within 100 eps of zero a gradient is mostly
+        # rounding noise, whose share of the step follows each device's summation order: those
+        # elements are held to a quarter of a full step.
         assert np.linalg.norm(got - want) <= 1e-4 * np.linalg.norm(want), name
-        np.testing.assert_allclose(got, want, rtol=0, atol=LR / 100, err_msg=name)
+        noise = np.abs(np.asarray(cpu["grads"][name])) <= 100 * EPS
+        np.testing.assert_allclose(got[~noise], want[~noise], rtol=0, atol=LR / 100, err_msg=name)
+        np.testing.assert_allclose(got[noise], want[noise], rtol=0, atol=LR / 4, err_msg=name)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -2,8 +2,8 @@
 // client parts): the float32-x GEMV (gemv) and the x_int8 one (gemv_int8x).
 //
 // Float x: the codes of 8 consecutive k are widened to dwords, made signed (4 bits: code - 8) and
-// converted to float, then summed times x into one accumulator per (row of x, row of W) over a
-// group; the group's scale is applied once when it closes (4 bits, groups of an odd number of
+// converted to float, then summed times x per (row of x, row of W) over a group (4 bits: the low
+// and the high nibbles in two accumulators); the group's scale is applied once when it closes (4 bits, groups of an odd number of
 // 32-k halves of a block: once per half). Groups of a multiple of 32 k (4 bits) or 8 k (8 bits);
 // other group sizes dequantize each row first.
 //
