@@ -68,8 +68,10 @@ inline float at(const View& v, int64_t base, int64_t r, int64_t c) {
   return to_float(data<const T>(*v.t)[base + r * v.rs + c * v.cs]);
 }
 
-// acc[i][0, nc) += sum over l of a[i][l] * b[l][0, nc); a is [mb][L], b rows `ldb` apart.
-inline void micro(int64_t mb, int64_t nc, int64_t len, const float* a, const float* b, int64_t ldb, float* acc) {
+// acc[i][0, nc) += sum over l of a[i][l] * b[l][0, nc); a is [mb][L], b rows `ldb` apart. Inlined
+// into one caller per ISA, each compiling the loop for its own instruction set.
+__attribute__((always_inline)) inline void micro_body(int64_t mb, int64_t nc, int64_t len, const float* a,
+                                                      const float* b, int64_t ldb, float* acc) {
   for (int64_t l = 0; l < len; ++l) {
     const float* brow = b + l * ldb;
     for (int64_t i = 0; i < mb; ++i) {
@@ -78,28 +80,17 @@ inline void micro(int64_t mb, int64_t nc, int64_t len, const float* a, const flo
       for (int64_t j = 0; j < nc; ++j) ci[j] += ai * brow[j];
     }
   }
+}
+void micro(int64_t mb, int64_t nc, int64_t len, const float* a, const float* b, int64_t ldb, float* acc) {
+  micro_body(mb, nc, len, a, b, ldb, acc);
 }
 ANYCHIP_AVX512 void micro_avx512(int64_t mb, int64_t nc, int64_t len, const float* a, const float* b, int64_t ldb,
                                  float* acc) {
-  for (int64_t l = 0; l < len; ++l) {
-    const float* brow = b + l * ldb;
-    for (int64_t i = 0; i < mb; ++i) {
-      const float ai = a[i * len + l];
-      float* ci = acc + i * kCols;
-      for (int64_t j = 0; j < nc; ++j) ci[j] += ai * brow[j];
-    }
-  }
+  micro_body(mb, nc, len, a, b, ldb, acc);
 }
 __attribute__((target("avx2,fma"))) void micro_avx2(int64_t mb, int64_t nc, int64_t len, const float* a,
                                                     const float* b, int64_t ldb, float* acc) {
-  for (int64_t l = 0; l < len; ++l) {
-    const float* brow = b + l * ldb;
-    for (int64_t i = 0; i < mb; ++i) {
-      const float ai = a[i * len + l];
-      float* ci = acc + i * kCols;
-      for (int64_t j = 0; j < nc; ++j) ci[j] += ai * brow[j];
-    }
-  }
+  micro_body(mb, nc, len, a, b, ldb, acc);
 }
 
 // C[cb(b)] = sum over out batches b of A[b] B[b], C an (r, c) view of output `c` whose batch
