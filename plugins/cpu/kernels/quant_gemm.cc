@@ -129,27 +129,21 @@ QUANT_AVX2 void tile_f32_avx2(const float* a, int64_t lda, const float* bp, int6
   }
 }
 
-void tile_rows_avx2(int64_t mr, const float* a, int64_t lda, const float* bp, int64_t lb, float* c, bool first,
-                    const TileOut& out) {
-  switch (mr) {
-    case 1: return tile_f32_avx2<1>(a, lda, bp, lb, c, first, out);
-    case 2: return tile_f32_avx2<2>(a, lda, bp, lb, c, first, out);
-    case 3: return tile_f32_avx2<3>(a, lda, bp, lb, c, first, out);
-    case 4: return tile_f32_avx2<4>(a, lda, bp, lb, c, first, out);
-    case 5: return tile_f32_avx2<5>(a, lda, bp, lb, c, first, out);
-    default: return tile_f32_avx2<kTile>(a, lda, bp, lb, c, first, out);
-  }
+template <int MR>
+void tile(bool avx512, const float* a, int64_t lda, const float* bp, int64_t lb, float* c, bool first,
+          const TileOut& out) {
+  avx512 ? tile_f32<MR>(a, lda, bp, lb, c, first, out) : tile_f32_avx2<MR>(a, lda, bp, lb, c, first, out);
 }
 
-void tile_rows(int64_t mr, const float* a, int64_t lda, const float* bp, int64_t lb, float* c, bool first,
-               const TileOut& out) {
+void tile_rows(bool avx512, int64_t mr, const float* a, int64_t lda, const float* bp, int64_t lb, float* c,
+               bool first, const TileOut& out) {
   switch (mr) {
-    case 1: return tile_f32<1>(a, lda, bp, lb, c, first, out);
-    case 2: return tile_f32<2>(a, lda, bp, lb, c, first, out);
-    case 3: return tile_f32<3>(a, lda, bp, lb, c, first, out);
-    case 4: return tile_f32<4>(a, lda, bp, lb, c, first, out);
-    case 5: return tile_f32<5>(a, lda, bp, lb, c, first, out);
-    default: return tile_f32<kTile>(a, lda, bp, lb, c, first, out);
+    case 1: return tile<1>(avx512, a, lda, bp, lb, c, first, out);
+    case 2: return tile<2>(avx512, a, lda, bp, lb, c, first, out);
+    case 3: return tile<3>(avx512, a, lda, bp, lb, c, first, out);
+    case 4: return tile<4>(avx512, a, lda, bp, lb, c, first, out);
+    case 5: return tile<5>(avx512, a, lda, bp, lb, c, first, out);
+    default: return tile<kTile>(avx512, a, lda, bp, lb, c, first, out);
   }
 }
 
@@ -285,8 +279,8 @@ void gemm_f32(const float* a, int64_t lda, int64_t m, int64_t l, int64_t j, cons
             out = {direct.y + m0 * direct.ld + j0, direct.ld, std::min(kCols, j - j0),
                    direct.bias == nullptr ? nullptr : direct.bias + j0};
           for (int64_t i = 0; i < mb; i += kTile) {
-            (avx512 ? tile_rows : tile_rows_avx2)(std::min<int64_t>(kTile, mb - i), as + i * ld, ld, bp, lb,
-                                                  cb + i * kCols, l0 == 0, out);
+            tile_rows(avx512, std::min<int64_t>(kTile, mb - i), as + i * ld, ld, bp, lb, cb + i * kCols, l0 == 0,
+                      out);
             if (out.y != nullptr) out.y += kTile * out.ld;
           }
         }
