@@ -6,7 +6,7 @@ are bounded relative to the sum of |products| of each output: float32 accumulati
 rounding to its dtype and nothing else (bf16 x bf16 products are exact in float32, so the AMX
 path rounds no input). Mixed precision (float32 tensors, compute bfloat16): the oracle multiplies
 the bf16-rounded inputs in float64 and the float32 bound applies, on every ISA. Every ISA path
-(scalar, AVX-512, AMX) runs in a subprocess with ANYCHIP_CPU_ISA set.
+(scalar, AVX2, AVX-512, AMX) runs in a subprocess with ANYCHIP_CPU_ISA set (tiers the CPU lacks skip).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def test_linear(dtype, lead, k, n, with_bias):
     check_grad(rng, lead, k, n, dtype, with_bias)
 
 
-@pytest.mark.parametrize("isa", isa_params("scalar", "avx512", "amx"))
+@pytest.mark.parametrize("isa", isa_params("scalar", "avx2", "avx512", "amx"))
 def test_isa_path(isa):
     code = ("import sys; sys.path.insert(0, {!r}); import test_kernels_linear as t; t.isa_cases()"
             .format(os.path.dirname(__file__)))

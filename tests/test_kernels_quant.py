@@ -5,7 +5,8 @@ round half away from zero as sign(v) * floor(|v| + 0.5)), so qweight and scales 
 for bit; products are checked in float64 against the dequantized weights (W = q * scale, plus a
 per-group offset for asymmetric weights such as GGUF's Q4_1), and w8a8_linear is emulated exactly
 (int64 sums, then the same float32 operations), so it too must match bit for bit.
-Every ISA path (scalar, AVX-512, AMX) runs in a subprocess with ANYCHIP_CPU_ISA set.
+Every ISA path (scalar, AVX2, AVX-512, AMX) runs in a subprocess with ANYCHIP_CPU_ISA set (tiers the
+CPU lacks skip).
 """
 
 from __future__ import annotations

@@ -84,6 +84,60 @@ ANYCHIP_AVX512 void gemv_f32_avx512(const Lin& w, const float* x, int64_t m, int
   for (; n < n1; ++n) tile_all_rows<1>(w, x, m, n, y, ldy);
 }
 
+// The same tiles on AVX2: 8 lanes, the last K % 8 columns added one by one.
+#define DECODER_AVX2 __attribute__((target("avx2,fma")))
+
+template <int MR, int NR>
+DECODER_AVX2 void tile_f32_avx2(const Lin& w, const float* x, int64_t n, float* y, int64_t ldy) {
+  const float* row[NR];
+  const float* ahead[NR];
+  for (int r = 0; r < NR; ++r) {
+    row[r] = w.w + (n + r) * w.k;
+    ahead[r] = w.w + std::min(n + r + kPrefetchTiles * NR, w.n - 1) * w.k;
+  }
+  __m256 acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int r = 0; r < NR; ++r) acc[i][r] = _mm256_setzero_ps();
+  const int64_t k8 = w.k / 8 * 8;
+  for (int64_t k = 0; k < k8; k += 8) {
+    __m256 wv[NR];
+    for (int r = 0; r < NR; ++r) {
+      if ((k & 15) == 0) _mm_prefetch(reinterpret_cast<const char*>(ahead[r] + k), _MM_HINT_T1);
+      wv[r] = _mm256_loadu_ps(row[r] + k);
+    }
+    for (int i = 0; i < MR; ++i) {
+      const __m256 xv = _mm256_loadu_ps(x + i * w.k + k);
+      for (int r = 0; r < NR; ++r) acc[i][r] = _mm256_fmadd_ps(xv, wv[r], acc[i][r]);
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int r = 0; r < NR; ++r) {
+      __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[i][r]), _mm256_extractf128_ps(acc[i][r], 1));
+      s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+      float sum = _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+      for (int64_t k = k8; k < w.k; ++k) sum += x[i * w.k + k] * row[r][k];
+      y[i * ldy + n + r] = sum;
+    }
+}
+
+template <int NR>
+void tile_all_rows_avx2(const Lin& w, const float* x, int64_t m, int64_t n, float* y, int64_t ldy) {
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4) tile_f32_avx2<4, NR>(w, x + i * w.k, n, y + i * ldy, ldy);
+  switch (m - i) {
+    case 3: return tile_f32_avx2<3, NR>(w, x + i * w.k, n, y + i * ldy, ldy);
+    case 2: return tile_f32_avx2<2, NR>(w, x + i * w.k, n, y + i * ldy, ldy);
+    case 1: return tile_f32_avx2<1, NR>(w, x + i * w.k, n, y + i * ldy, ldy);
+    default: return;
+  }
+}
+
+void gemv_f32_avx2(const Lin& w, const float* x, int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) tile_all_rows_avx2<4>(w, x, m, n, y, ldy);
+  for (; n < n1; ++n) tile_all_rows_avx2<1>(w, x, m, n, y, ldy);
+}
+
 }  // namespace
 
 namespace {
@@ -176,7 +230,9 @@ void gemv(Input& in, int64_t n0, int64_t n1, float* y, int64_t ldy) {
     return;
   }
   if (w.bits == 0) {
-    if (!has_avx512(in.isa)) {
+    if (in.isa == Isa::kAvx2) {
+      gemv_f32_avx2(w, x, m, n0, n1, y, ldy);
+    } else if (!has_avx512(in.isa)) {
       gemv_f32_scalar(w, x, m, n0, n1, y, ldy);
     } else {
       gemv_f32_avx512(w, x, m, n0, n1, y, ldy);

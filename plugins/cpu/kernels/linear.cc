@@ -1,8 +1,9 @@
 // linear (y = x W^T + bias) and linear_grad (dx = dy W, dW = dy^T x, dbias = the column sums of
 // dy) for float weights, on quant_gemm.cc's blocked products: AMX bf16 tiles when the products are
-// bf16 (bf16 tensors, or float32 tensors with compute bfloat16) and the CPU has AMX, AVX-512 FMA
-// in float32 otherwise (float32 tensors' own products stay exact float32), plain loops for the
-// scalar ISA. Every path accumulates in float32.
+// bf16 (bf16 tensors, or float32 tensors with compute bfloat16) and the CPU has AMX, AVX-512 or
+// AVX2 FMA in float32 otherwise (float32 tensors' own products stay exact float32; dW on AVX2
+// takes the plain loops, its transposes being AVX-512), plain loops for the scalar ISA. Every
+// path accumulates in float32.
 //
 // Mixed precision (float32 tensors, compute bfloat16) rounds x, dy and W to bf16 where they are
 // packed for the AMX tiles and writes float32 results. Without AMX the other paths multiply
@@ -46,11 +47,11 @@ struct Target {
 void product_f32(const float* a, int64_t m, const Matrix& b, bool b_transposed, const Target& out, Isa isa,
                  int threads) {
   const int64_t l = b_transposed ? b.cols : b.rows, j = b_transposed ? b.rows : b.cols;
-  auto pack = [&b, b_transposed](int64_t j0, int64_t l0, int64_t lb, float* bp, float* scratch) {
+  auto pack = [&b, b_transposed, isa](int64_t j0, int64_t l0, int64_t lb, float* bp, float* scratch) {
     if (b_transposed) {
-      pack_cols_f32(b, j0, l0, lb, bp, scratch);
+      pack_cols_f32(b, j0, l0, lb, bp, scratch, isa);
     } else {
-      pack_rows_f32(b, j0, l0, lb, bp);
+      pack_rows_f32(b, j0, l0, lb, bp, isa);
     }
   };
   auto store = [&out, j, isa](int64_t m0, int64_t mb, int64_t j0, const float* c) {
@@ -187,7 +188,7 @@ void forward(const Matrix& x, const Matrix& w, const float* bias, const AnychipT
   if (amx) {
     std::vector<uint16_t> buffer;
     product_amx(amx_a(x, buffer, threads), x.rows, round_up(x.cols, 32), w, true, out, isa, threads);
-  } else if (has_avx512(isa)) {
+  } else if (isa != Isa::kScalar) {
     std::vector<float> buffer;
     product_f32(as_f32(x, buffer, isa, threads), x.rows, w, true, out, isa, threads);
   } else {
@@ -205,7 +206,7 @@ void grad_x(const Matrix& dy, const Matrix& w, const AnychipTensor& dx, bool amx
   }
   std::vector<float> dyb;
   const float* dyf = as_f32(dy, dyb, isa, threads);
-  if (has_avx512(isa)) {
+  if (isa != Isa::kScalar) {
     product_f32(dyf, dy.rows, w, false, out, isa, threads);
   } else {
     std::vector<float> wb;

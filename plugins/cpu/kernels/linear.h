@@ -24,7 +24,7 @@ struct Matrix {
   }
 };
 
-// ---- float32 operands (gemm_f32, AVX-512) -------------------------------------------------------
+// ---- float32 operands (gemm_f32) ----------------------------------------------------------------
 
 // m as contiguous float32 (m itself when it is float32 already; else converted into `buffer`).
 const float* as_f32(const Matrix& m, std::vector<float>& buffer, Isa isa, int threads);
@@ -33,8 +33,8 @@ std::vector<float> transposed_f32(const Matrix& m, int threads);
 
 // gemm_f32 packs of B: by rows, B = m (bp[l][jj] = m[l0 + l][j0 + jj]); by columns, B = m^T
 // (bp[l][jj] = m[j0 + jj][l0 + l]; scratch of 16 * round_up(lb, 16) floats). Zeros past m.
-void pack_rows_f32(const Matrix& m, int64_t j0, int64_t l0, int64_t lb, float* bp);
-void pack_cols_f32(const Matrix& m, int64_t j0, int64_t l0, int64_t lb, float* bp, float* scratch);
+void pack_rows_f32(const Matrix& m, int64_t j0, int64_t l0, int64_t lb, float* bp, Isa isa);
+void pack_cols_f32(const Matrix& m, int64_t j0, int64_t l0, int64_t lb, float* bp, float* scratch, Isa isa);
 
 // ---- bf16 operands (gemm_amx) -------------------------------------------------------------------
 // m is bf16, or float32 rounded to bf16 (nearest even) as it is copied or packed: mixed

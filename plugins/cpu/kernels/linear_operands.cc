@@ -104,7 +104,7 @@ void prefetch_block(const Matrix& m, int64_t r0, int64_t r1, int64_t c0, int64_t
   }
 }
 
-QUANT_AVX512 void pack_rows_f32(const Matrix& m, int64_t j0, int64_t l0, int64_t lb, float* bp) {
+QUANT_AVX512 void pack_rows_f32_avx512(const Matrix& m, int64_t j0, int64_t l0, int64_t lb, float* bp) {
   const int64_t cols = std::min<int64_t>(64, m.cols - j0);
   // gemm_f32 goes down the contraction, then to the next 64 columns
   if (l0 + lb < m.rows) {
@@ -126,7 +126,24 @@ QUANT_AVX512 void pack_rows_f32(const Matrix& m, int64_t j0, int64_t l0, int64_t
   }
 }
 
-void pack_cols_f32(const Matrix& m, int64_t j0, int64_t l0, int64_t lb, float* bp, float* scratch) {
+void pack_rows_f32(const Matrix& m, int64_t j0, int64_t l0, int64_t lb, float* bp, Isa isa) {
+  if (has_avx512(isa)) return pack_rows_f32_avx512(m, j0, l0, lb, bp);
+  const int64_t cols = std::min<int64_t>(64, m.cols - j0);
+  for (int64_t l = 0; l < lb; ++l) {
+    quant::to_f32(m.at(l0 + l, j0), m.dtype, cols, bp + l * 64, isa);
+    std::fill(bp + l * 64 + cols, bp + l * 64 + 64, 0.0f);
+  }
+}
+
+void pack_cols_f32(const Matrix& m, int64_t j0, int64_t l0, int64_t lb, float* bp, float* scratch, Isa isa) {
+  if (!has_avx512(isa)) {  // a row of m (a column of B) at a time into scratch, then into its column
+    for (int64_t r = 0; r < 64; ++r) {
+      const int64_t n = j0 + r;
+      if (n < m.rows) quant::to_f32(m.at(n, l0), m.dtype, lb, scratch, isa);
+      for (int64_t l = 0; l < lb; ++l) bp[l * 64 + r] = n < m.rows ? scratch[l] : 0.0f;
+    }
+    return;
+  }
   // 16 rows of m (columns of B) at a time into scratch, then 16 x 16 transposes into the panel;
   // float32 rows that all exist, whole 16s of them, are transposed in place.
   const int64_t ld = round_up(lb, 16);
