@@ -14,6 +14,7 @@
 
 #include "base.h"
 #include "elementwise_avx512.h"
+#include "simd_avx2.h"
 
 namespace anychip::cpu::base {
 namespace {
@@ -88,8 +89,8 @@ ANYCHIP_AVX512 void micro_avx512(int64_t mb, int64_t nc, int64_t len, const floa
                                  float* acc) {
   micro_body(mb, nc, len, a, b, ldb, acc);
 }
-__attribute__((target("avx2,fma"))) void micro_avx2(int64_t mb, int64_t nc, int64_t len, const float* a,
-                                                    const float* b, int64_t ldb, float* acc) {
+ANYCHIP_AVX2 void micro_avx2(int64_t mb, int64_t nc, int64_t len, const float* a, const float* b, int64_t ldb,
+                              float* acc) {
   micro_body(mb, nc, len, a, b, ldb, acc);
 }
 

@@ -8,9 +8,20 @@
 
 #include "decoder_step.h"
 #include "elementwise_avx512.h"
+#include "simd_avx2.h"
 
 namespace anychip::cpu::decoder {
 namespace {
+
+// scores[j] = e^(scores[j] - m) for j < len; returns their sum.
+float exponentiate(float* scores, int64_t len, float m) {
+  float sum = 0.0f;
+  for (int64_t j = 0; j < len; ++j) {
+    scores[j] = std::exp(scores[j] - m);
+    sum += scores[j];
+  }
+  return sum;
+}
 
 template <typename T>
 void block_scalar(const Keys<T>& kv, int64_t j0, int64_t j1, const float* q, int64_t d, float scale, float* scores,
@@ -24,11 +35,7 @@ void block_scalar(const Keys<T>& kv, int64_t j0, int64_t j1, const float* q, int
     scores[j] = s * scale;
     m = std::max(m, scores[j]);
   }
-  float sum = 0.0f;
-  for (int64_t j = 0; j < len; ++j) {
-    scores[j] = std::exp(scores[j] - m);
-    sum += scores[j];
-  }
+  const float sum = exponentiate(scores, len, m);
   for (int64_t t = 0; t < d; ++t) part[t] = 0.0f;
   for (int64_t j = 0; j < len; ++j) {
     const T* vj = kv.value(j0 + j);
@@ -40,28 +47,19 @@ void block_scalar(const Keys<T>& kv, int64_t j0, int64_t j1, const float* q, int
 
 // ---- AVX2 -------------------------------------------------------------------------------------
 
-#define DECODER_AVX2 __attribute__((target("avx2,fma,f16c")))
-
-DECODER_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-DECODER_AVX2 inline __m256 load8(const bf16* p) {
+ANYCHIP_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+ANYCHIP_AVX2 inline __m256 load8(const bf16* p) {
   const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
-DECODER_AVX2 inline __m256 load8(const fp16* p) {
+ANYCHIP_AVX2 inline __m256 load8(const fp16* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
-DECODER_AVX2 inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
 }
 
 // block_scalar with each score's dot product summed in 8 lanes, and the weighted sum of V 64
 // columns of the head at a time in registers.
 template <typename T>
-DECODER_AVX2 void block_avx2(const Keys<T>& kv, int64_t j0, int64_t j1, const float* q, int64_t d, float scale,
+ANYCHIP_AVX2 void block_avx2(const Keys<T>& kv, int64_t j0, int64_t j1, const float* q, int64_t d, float scale,
                              float* scores, float* part) {
   const int64_t len = j1 - j0, d8 = d / 8 * 8;
   float m = -INFINITY;
@@ -69,16 +67,12 @@ DECODER_AVX2 void block_avx2(const Keys<T>& kv, int64_t j0, int64_t j1, const fl
     const T* kj = kv.key(j0 + j);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t t = 0; t < d8; t += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + t), load8(kj + t), acc);
-    float s = hsum8(acc);
+    float s = avx2::sum8(acc);
     for (int64_t t = d8; t < d; ++t) s += q[t] * to_float(kj[t]);
     scores[j] = s * scale;
     m = std::max(m, scores[j]);
   }
-  float sum = 0.0f;
-  for (int64_t j = 0; j < len; ++j) {
-    scores[j] = std::exp(scores[j] - m);
-    sum += scores[j];
-  }
+  const float sum = exponentiate(scores, len, m);
   for (int64_t t0 = 0; t0 < d8; t0 += 64) {
     const int vectors = static_cast<int>(std::min<int64_t>(8, (d8 - t0) / 8));
     __m256 acc[8];

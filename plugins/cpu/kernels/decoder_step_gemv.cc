@@ -16,6 +16,7 @@
 
 #include "decoder_step.h"
 #include "elementwise_avx512.h"
+#include "simd_avx2.h"
 
 namespace anychip::cpu::decoder {
 namespace {
@@ -65,30 +66,9 @@ ANYCHIP_AVX512 void tile_f32(const Lin& w, const float* x, int64_t n, float* y, 
     for (int r = 0; r < NR; ++r) y[i * ldy + n + r] = _mm512_reduce_add_ps(acc[i][r]);
 }
 
-template <int NR>
-ANYCHIP_AVX512 void tile_all_rows(const Lin& w, const float* x, int64_t m, int64_t n, float* y, int64_t ldy) {
-  int64_t i = 0;
-  for (; i + 4 <= m; i += 4) tile_f32<4, NR>(w, x + i * w.k, n, y + i * ldy, ldy);
-  switch (m - i) {
-    case 3: return tile_f32<3, NR>(w, x + i * w.k, n, y + i * ldy, ldy);
-    case 2: return tile_f32<2, NR>(w, x + i * w.k, n, y + i * ldy, ldy);
-    case 1: return tile_f32<1, NR>(w, x + i * w.k, n, y + i * ldy, ldy);
-    default: return;
-  }
-}
-
-ANYCHIP_AVX512 void gemv_f32_avx512(const Lin& w, const float* x, int64_t m, int64_t n0, int64_t n1, float* y,
-                                  int64_t ldy) {
-  int64_t n = n0;
-  for (; n + 4 <= n1; n += 4) tile_all_rows<4>(w, x, m, n, y, ldy);
-  for (; n < n1; ++n) tile_all_rows<1>(w, x, m, n, y, ldy);
-}
-
 // The same tiles on AVX2: 8 lanes, the last K % 8 columns added one by one.
-#define DECODER_AVX2 __attribute__((target("avx2,fma")))
-
 template <int MR, int NR>
-DECODER_AVX2 void tile_f32_avx2(const Lin& w, const float* x, int64_t n, float* y, int64_t ldy) {
+ANYCHIP_AVX2 void tile_f32_avx2(const Lin& w, const float* x, int64_t n, float* y, int64_t ldy) {
   const float* row[NR];
   const float* ahead[NR];
   for (int r = 0; r < NR; ++r) {
@@ -112,30 +92,36 @@ DECODER_AVX2 void tile_f32_avx2(const Lin& w, const float* x, int64_t n, float* 
   }
   for (int i = 0; i < MR; ++i)
     for (int r = 0; r < NR; ++r) {
-      __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[i][r]), _mm256_extractf128_ps(acc[i][r], 1));
-      s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-      float sum = _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+      float sum = avx2::sum8(acc[i][r]);
       for (int64_t k = k8; k < w.k; ++k) sum += x[i * w.k + k] * row[r][k];
       y[i * ldy + n + r] = sum;
     }
 }
 
+// Rows n .. n + NR - 1 of W against MR rows of x, on the AVX-512 or the AVX2 tile.
+template <int MR, int NR>
+void tile(bool avx512, const Lin& w, const float* x, int64_t n, float* y, int64_t ldy) {
+  avx512 ? tile_f32<MR, NR>(w, x, n, y, ldy) : tile_f32_avx2<MR, NR>(w, x, n, y, ldy);
+}
+
+// The same against all m rows of x, four at a time.
 template <int NR>
-void tile_all_rows_avx2(const Lin& w, const float* x, int64_t m, int64_t n, float* y, int64_t ldy) {
+void tile_all_rows(bool avx512, const Lin& w, const float* x, int64_t m, int64_t n, float* y, int64_t ldy) {
   int64_t i = 0;
-  for (; i + 4 <= m; i += 4) tile_f32_avx2<4, NR>(w, x + i * w.k, n, y + i * ldy, ldy);
+  for (; i + 4 <= m; i += 4) tile<4, NR>(avx512, w, x + i * w.k, n, y + i * ldy, ldy);
   switch (m - i) {
-    case 3: return tile_f32_avx2<3, NR>(w, x + i * w.k, n, y + i * ldy, ldy);
-    case 2: return tile_f32_avx2<2, NR>(w, x + i * w.k, n, y + i * ldy, ldy);
-    case 1: return tile_f32_avx2<1, NR>(w, x + i * w.k, n, y + i * ldy, ldy);
+    case 3: return tile<3, NR>(avx512, w, x + i * w.k, n, y + i * ldy, ldy);
+    case 2: return tile<2, NR>(avx512, w, x + i * w.k, n, y + i * ldy, ldy);
+    case 1: return tile<1, NR>(avx512, w, x + i * w.k, n, y + i * ldy, ldy);
     default: return;
   }
 }
 
-void gemv_f32_avx2(const Lin& w, const float* x, int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+// AVX-512 or (avx512 false) AVX2 tiles.
+void gemv_f32(bool avx512, const Lin& w, const float* x, int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   int64_t n = n0;
-  for (; n + 4 <= n1; n += 4) tile_all_rows_avx2<4>(w, x, m, n, y, ldy);
-  for (; n < n1; ++n) tile_all_rows_avx2<1>(w, x, m, n, y, ldy);
+  for (; n + 4 <= n1; n += 4) tile_all_rows<4>(avx512, w, x, m, n, y, ldy);
+  for (; n < n1; ++n) tile_all_rows<1>(avx512, w, x, m, n, y, ldy);
 }
 
 }  // namespace
@@ -230,12 +216,10 @@ void gemv(Input& in, int64_t n0, int64_t n1, float* y, int64_t ldy) {
     return;
   }
   if (w.bits == 0) {
-    if (in.isa == Isa::kAvx2) {
-      gemv_f32_avx2(w, x, m, n0, n1, y, ldy);
-    } else if (!has_avx512(in.isa)) {
+    if (in.isa == Isa::kScalar) {
       gemv_f32_scalar(w, x, m, n0, n1, y, ldy);
     } else {
-      gemv_f32_avx512(w, x, m, n0, n1, y, ldy);
+      gemv_f32(has_avx512(in.isa), w, x, m, n0, n1, y, ldy);
     }
     return;
   }

@@ -6,6 +6,7 @@
 
 #include "quant.h"
 #include "quant_simd.h"
+#include "simd_avx2.h"
 
 namespace anychip::cpu::quant {
 namespace {
@@ -51,8 +52,7 @@ QUANT_AVX512 void dequant_row_avx512(const QWeight& w, int64_t n, int64_t k0, in
 }
 
 // dequant_row_scalar on AVX2, 8 k at a time (the ends of a group that are not whole 8s one by one).
-__attribute__((target("avx2,fma"))) void dequant_row_avx2(const QWeight& w, int64_t n, int64_t k0, int64_t k1,
-                                                          float* out) {
+ANYCHIP_AVX2 void dequant_row_avx2(const QWeight& w, int64_t n, int64_t k0, int64_t k1, float* out) {
   const uint8_t* row = w.row(n);
   const float* s = w.row_scales(n);
   const float* o = w.row_offsets(n);

@@ -9,6 +9,7 @@
 
 #include "quant.h"
 #include "quant_simd.h"
+#include "simd_avx2.h"
 
 namespace anychip::cpu::quant {
 namespace {
@@ -90,10 +91,8 @@ QUANT_AVX512 void copy_rows(const float* a, int64_t lda, int64_t rows, int64_t n
 
 // ---- AVX2 FMA: the same 64-column tiles, a 16-column slice at a time (MR x 2 registers) -----
 
-#define QUANT_AVX2 __attribute__((target("avx2,fma")))
-
 template <int MR>
-QUANT_AVX2 void tile_f32_avx2(const float* a, int64_t lda, const float* bp, int64_t lb, float* c, bool first,
+ANYCHIP_AVX2 void tile_f32_avx2(const float* a, int64_t lda, const float* bp, int64_t lb, float* c, bool first,
                               const TileOut& out) {
   for (int64_t s = 0; s < kCols; s += 16) {
     const int64_t cols = out.y == nullptr ? 16 : std::min<int64_t>(16, out.cols - s);

@@ -16,17 +16,11 @@
 #include <algorithm>
 #include <vector>
 
-// GCC 12 reports the intrinsics' own `__Y = __Y` placeholders as uninitialised (PR 105593).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-
 #include "quant.h"
+#include "simd_avx2.h"
 
-#define QUANT_AVX2 __attribute__((target("avx2,fma")))
-#define QUANT_AVX2_INLINE QUANT_AVX2 inline __attribute__((always_inline))
+#define QUANT_AVX2 ANYCHIP_AVX2
+#define QUANT_AVX2_INLINE ANYCHIP_AVX2 inline __attribute__((always_inline))
 
 namespace anychip::cpu::quant {
 namespace {
@@ -35,17 +29,10 @@ namespace {
 // next tiles' rows are streaming while this one computes.
 constexpr int64_t kPrefetchTiles = 2;
 
-QUANT_AVX2_INLINE float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 template <int MR, int NR>
 QUANT_AVX2_INLINE void store_sums(const __m256 (&acc)[MR][NR], int64_t n, float* y, int64_t ldy) {
   for (int i = 0; i < MR; ++i)
-    for (int r = 0; r < NR; ++r) y[i * ldy + n + r] = hsum(acc[i][r]);
+    for (int r = 0; r < NR; ++r) y[i * ldy + n + r] = avx2::sum8(acc[i][r]);
 }
 
 template <int NR>
@@ -173,7 +160,7 @@ QUANT_AVX2 void gemv_any_group(const QWeight& w, const float* x, int64_t m, int6
       for (; k + 8 <= w.k; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(xi + k), _mm256_loadu_ps(row.data() + k), acc);
       float tail = 0.0f;
       for (; k < w.k; ++k) tail += xi[k] * row[k];
-      y[i * ldy + n] = hsum(acc) + tail;
+      y[i * ldy + n] = avx2::sum8(acc) + tail;
     }
   }
 }
