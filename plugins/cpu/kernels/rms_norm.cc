@@ -16,6 +16,7 @@
 #include "common.h"
 #include "elementwise_common.h"
 #include "elementwise_avx512.h"
+#include "simd_avx2.h"
 
 namespace anychip::cpu {
 namespace {
@@ -110,6 +111,94 @@ void backward_scalar(const Backward<T>& a, int64_t r0, int64_t r1, float* dw) {
       dw[c] += dyc * hc * inv;
     }
   }
+}
+
+// ---- AVX2 (float32) ---------------------------------------------------------------------------
+
+// Elements before p reaches a 32-byte boundary, at most n (the first streamed store must be
+// aligned).
+inline int64_t head_to_align32(const float* p, int64_t n) {
+  const auto misalign = reinterpret_cast<uintptr_t>(p) & 31u;
+  if (misalign % sizeof(float) != 0) return n;
+  return std::min<int64_t>(misalign == 0 ? 0 : (32 - misalign) / sizeof(float), n);
+}
+
+// The forward of float32 rows, as forward_avx512 (two passes over each row; with kStream the
+// outputs' whole vectors streamed past the caches).
+template <bool kStream>
+ANYCHIP_AVX2 void forward_avx2(const Forward<float>& a, int64_t r0, int64_t r1, float* hbuf) {
+  const int64_t C = a.C;
+  // out[c] = f(c) for c < C, 8 at a time from the alignment peel on; the tail scalar.
+  auto write = [C](float* out, auto&& vec, auto&& one) ANYCHIP_AVX2 {
+    int64_t c = 0;
+    if constexpr (kStream)
+      for (const int64_t head = head_to_align32(out, C); c < head; ++c) out[c] = one(c);
+    for (; c + 8 <= C; c += 8) {
+      if constexpr (kStream) {
+        _mm256_stream_ps(out + c, vec(c));
+      } else {
+        _mm256_storeu_ps(out + c, vec(c));
+      }
+    }
+    for (; c < C; ++c) out[c] = one(c);
+  };
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* x = a.x + r * C;
+    const float* h = x;  // the row the second pass scales
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float tail = 0.0f;
+    if (a.residual != nullptr) {
+      const float* res = a.residual + r * C;
+      int64_t c = 0;
+      for (; c + 8 <= C; c += 8) {
+        const __m256 v = _mm256_add_ps(_mm256_loadu_ps(x + c), _mm256_loadu_ps(res + c));
+        _mm256_storeu_ps(hbuf + c, v);
+        acc0 = _mm256_fmadd_ps(v, v, acc0);
+      }
+      for (; c < C; ++c) {
+        hbuf[c] = x[c] + res[c];
+        tail += hbuf[c] * hbuf[c];
+      }
+      write(a.h + r * C, [&](int64_t i) ANYCHIP_AVX2 { return _mm256_loadu_ps(hbuf + i); },
+            [&](int64_t i) { return hbuf[i]; });
+      h = hbuf;
+    } else {
+      int64_t c = 0;
+      for (; c + 16 <= C; c += 16) {
+        const __m256 v0 = _mm256_loadu_ps(x + c), v1 = _mm256_loadu_ps(x + c + 8);
+        acc0 = _mm256_fmadd_ps(v0, v0, acc0);
+        acc1 = _mm256_fmadd_ps(v1, v1, acc1);
+      }
+      for (; c < C; ++c) tail += x[c] * x[c];
+    }
+    const float ss = avx2::sum8(_mm256_add_ps(acc0, acc1)) + tail;
+    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(C) + a.eps);
+    a.inv_rms[r] = inv;
+    const __m256 vinv = _mm256_set1_ps(inv);
+    write(a.y + r * C,
+          [&](int64_t i) ANYCHIP_AVX2 {
+            return _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(h + i), vinv), _mm256_loadu_ps(a.w + i));
+          },
+          [&](int64_t i) { return h[i] * inv * a.w[i]; });
+  }
+}
+
+// Below AVX-512: float32 rows on AVX2 where the CPU has it, the rest (16-bit rows there too)
+// scalar. hbuf holds C floats.
+template <typename T>
+void forward_below_avx512(const Forward<T>& a, int64_t r0, int64_t r1, float* hbuf, bool stream) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (isa() == Isa::kAvx2) {
+      if (stream) {
+        forward_avx2<true>(a, r0, r1, hbuf);
+        _mm_sfence();
+      } else {
+        forward_avx2<false>(a, r0, r1, hbuf);
+      }
+      return;
+    }
+  }
+  forward_scalar(a, r0, r1, hbuf);
 }
 
 // ---- AVX-512 ----------------------------------------------------------------------------------
@@ -325,7 +414,7 @@ AnychipStatus forward(const AnychipKernelCall* call) {
     const int64_t r0 = part(R, nt, t), r1 = part(R, nt, t + 1);
     std::vector<float> hbuf(with_residual || !vector ? C : 0);
     if (!vector) {
-      forward_scalar(a, r0, r1, hbuf.data());
+      forward_below_avx512(a, r0, r1, hbuf.data(), stream);
     } else if (stream && !with_residual && interleavable(a.y, C)) {
       forward_interleaved_avx512(a, r0, r1);
       avx512::stream_fence();
