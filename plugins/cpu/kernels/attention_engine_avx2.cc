@@ -1,15 +1,209 @@
-// The AVX2 attention engine: attention_engine_portable.h compiled for AVX2 + FMA.
+// The AVX2 attention engine: attention_engine_portable.h compiled for AVX2 + FMA, with the three
+// forward steps that take the time written for it. The portable loops left the compiler little
+// to work with there: scores reloaded every key vector for each query row, pv loaded and stored
+// its accumulator row for every key (it cannot know acc and v do not overlap), and softmax called
+// libm's exp2f once per score. Here each key (or value) vector serves 4 (2) query rows from
+// registers. GCC 12 keeps such accumulator arrays in registers only when the loops over them are
+// unrolled (hence the pragmas; without them it stored all 8 to the stack on every key). Causal
+// GQA fp32 [2048, 9/3 heads, 64] on 2 Zen 3 vCPUs: 170 -> 50-60 ms (PyTorch's
+// scaled_dot_product_attention: 45-68 ms in the same runs), 2026-12-01.
 #pragma GCC target("avx2,fma")
 
 #include "attention_engine_portable.h"
+#include "simd_avx2.h"
 
 namespace anychip::cpu::attn {
+namespace {
+
+// 2^x for x <= 0 (scores less the row max, in log2 units): x = k + f with k = round(x), 2^f by
+// the degree-7 Taylor polynomial of e^(f ln 2) (|f ln 2| <= 0.35: truncation below 2e-9
+// relative), 2^k put into the exponent. x below -126 (and -inf) gives 0; NaN stays NaN.
+inline __m256 exp2_8(__m256 x) {
+  const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_LT_OQ);
+  x = _mm256_max_ps(_mm256_set1_ps(-126.0f), x);  // NaN passes (max returns its second operand)
+  const __m256 k = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 y = _mm256_mul_ps(_mm256_sub_ps(x, k), _mm256_set1_ps(kLn2));
+  __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+  p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f / 720.0f));
+  p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f / 120.0f));
+  p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f / 24.0f));
+  p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f / 6.0f));
+  p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
+}
+
+// v rounded to bfloat16 precision (to nearest even) and back, as operand_p<bf16>; NaN kept.
+inline __m256 round_bf16(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb),
+                                     _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
+  return _mm256_blendv_ps(_mm256_castsi256_ps(r), v, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+}
+
+// Rows r0 .. r0 + R - 1 (R <= 4) of the scores against 16 keys from j0: R x 2 accumulators, each
+// key vector loaded once for all R rows.
+template <int R>
+inline void scores_block(const float* x, const float* yt, int dp, int d, int r0, int j0, int n, float c, float pad,
+                         float* t) {
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int e = 0; e < d; ++e) {
+    const __m256 y0 = _mm256_loadu_ps(yt + e * kKeyTile + j0), y1 = _mm256_loadu_ps(yt + e * kKeyTile + j0 + 8);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256 xe = _mm256_broadcast_ss(x + (r0 + r) * dp + e);
+      acc[r][0] = _mm256_fmadd_ps(xe, y0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(xe, y1, acc[r][1]);
+    }
+  }
+  const __m256 vc = _mm256_set1_ps(c), vpad = _mm256_set1_ps(pad);
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int h = 0; h < 2; ++h) {
+    // keys j0 + 8h + lane < n keep their score, the rest get pad
+    const __m256 valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n - j0 - 8 * h), lane));
+    for (int r = 0; r < R; ++r)
+      _mm256_storeu_ps(t + (r0 + r) * kKeyTile + j0 + 8 * h,
+                       _mm256_blendv_ps(vpad, _mm256_mul_ps(vc, acc[r][h]), valid));
+  }
+}
+
+void scores_avx2(const void* xp, const void* kp, int m, int d, int n, float c, float pad, float* t) {
+  const float* x = static_cast<const float*>(xp);
+  const float* yt = static_cast<const float*>(kp);
+  const int dp = dpad(d);
+  for (int j0 = 0; j0 < kKeyTile; j0 += 16) {
+    int r = 0;
+    for (; r + 4 <= m; r += 4) scores_block<4>(x, yt, dp, d, r, j0, n, c, pad, t);
+    switch (m - r) {
+      case 3: scores_block<3>(x, yt, dp, d, r, j0, n, c, pad, t); break;
+      case 2: scores_block<2>(x, yt, dp, d, r, j0, n, c, pad, t); break;
+      case 1: scores_block<1>(x, yt, dp, d, r, j0, n, c, pad, t); break;
+      default: break;
+    }
+  }
+}
+
+template <typename T>
+void softmax_avx2(const float* t, int m, float* mx, float* l, float* alpha, void* pv) {
+  float* p = static_cast<float*>(pv);
+  for (int r = 0; r < m; ++r) {
+    const float* tr = t + r * kKeyTile;
+    __m256 vmax = _mm256_loadu_ps(tr);
+    for (int j = 8; j < kKeyTile; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(tr + j));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    const float tmax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    const float mnew = std::max(mx[r], tmax);
+    const float muse = mnew == -kInf ? 0.0f : mnew;
+    const float a = std::exp2(mx[r] - muse);
+    const __m256 vm = _mm256_set1_ps(muse);
+    __m256 sum = _mm256_setzero_ps();
+    for (int j = 0; j < kKeyTile; j += 8) {
+      const __m256 e = exp2_8(_mm256_sub_ps(_mm256_loadu_ps(tr + j), vm));
+      sum = _mm256_add_ps(sum, e);
+      _mm256_storeu_ps(p + r * kKeyTile + j, std::is_same_v<T, bf16> ? round_bf16(e) : e);
+    }
+    l[r] = l[r] * a + avx2::sum8(sum);
+    mx[r] = mnew;
+    alpha[r] = a;
+  }
+}
+
+// Lanes [0, k) of 8, for maskload / maskstore at a row's end.
+inline __m256i lanes8(int k) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// Rows r0 .. r0 + R - 1 (R <= 2) of pv over columns [c0, c0 + 8 V): the accumulators stay in
+// registers over all n keys. kFull: every column is below d; else lanes past d are masked, so
+// that no load reaches past a value row (float32 values are read in place).
+template <int R, int V, bool kFull>
+inline void pv_block(const float* p, const float* v, int64_t ldv, int r0, int n, int c0, int d, const float* alpha,
+                     float* acc, int dp) {
+  __m256i mask[V];
+  __m256 a[R][V];
+#pragma GCC unroll 8
+  for (int u = 0; u < V; ++u) mask[u] = kFull ? _mm256_set1_epi32(-1) : lanes8(d - c0 - 8 * u);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const __m256 al = _mm256_set1_ps(alpha[r0 + r]);
+#pragma GCC unroll 8
+    for (int u = 0; u < V; ++u) {
+      const float* x = acc + (r0 + r) * dp + c0 + 8 * u;
+      a[r][u] = _mm256_mul_ps(kFull ? _mm256_loadu_ps(x) : _mm256_maskload_ps(x, mask[u]), al);
+    }
+  }
+  for (int j = 0; j < n; ++j) {
+    __m256 vv[V];
+#pragma GCC unroll 8
+    for (int u = 0; u < V; ++u) {
+      const float* x = v + j * ldv + c0 + 8 * u;
+      vv[u] = kFull ? _mm256_loadu_ps(x) : _mm256_maskload_ps(x, mask[u]);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256 pj = _mm256_broadcast_ss(p + (r0 + r) * kKeyTile + j);
+#pragma GCC unroll 8
+      for (int u = 0; u < V; ++u) a[r][u] = _mm256_fmadd_ps(pj, vv[u], a[r][u]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int u = 0; u < V; ++u) {
+      float* out = acc + (r0 + r) * dp + c0 + 8 * u;
+      if (kFull) {
+        _mm256_storeu_ps(out, a[r][u]);
+      } else {
+        _mm256_maskstore_ps(out, mask[u], a[r][u]);
+      }
+    }
+}
+
+template <bool kFull>
+void pv_columns(const float* p, const float* v, int64_t ldv, int m, int n, int c0, int d, const float* alpha,
+                float* acc, int dp) {
+  int r = 0;
+  for (; r + 2 <= m; r += 2) pv_block<2, 4, kFull>(p, v, ldv, r, n, c0, d, alpha, acc, dp);
+  if (r < m) pv_block<1, 4, kFull>(p, v, ldv, r, n, c0, d, alpha, acc, dp);
+}
+
+void pv_avx2(const void* pp, const void* vv, int64_t ldv, int m, int n, int d, const float* alpha, float* acc) {
+  const float* p = static_cast<const float*>(pp);
+  const float* v = static_cast<const float*>(vv);
+  const int dp = dpad(d);
+  for (int c0 = 0; c0 < d; c0 += 32) {
+    if (c0 + 32 <= d) {
+      pv_columns<true>(p, v, ldv, m, n, c0, d, alpha, acc, dp);
+    } else {
+      pv_columns<false>(p, v, ldv, m, n, c0, d, alpha, acc, dp);
+    }
+  }
+}
+
+template <typename T>
+const Engine* make_avx2() {
+  static const Engine e = [] {
+    Engine x = *make<T>();
+    x.scores = scores_avx2;
+    x.softmax = softmax_avx2<T>;
+    x.pv = pv_avx2;
+    return x;
+  }();
+  return &e;
+}
+
+}  // namespace
 
 const Engine* avx2_engine(int32_t dtype) {
   switch (dtype) {
-    case ANYCHIP_DTYPE_FLOAT32: return make<float>();
-    case ANYCHIP_DTYPE_BFLOAT16: return make<bf16>();
-    case ANYCHIP_DTYPE_FLOAT16: return make<fp16>();
+    case ANYCHIP_DTYPE_FLOAT32: return make_avx2<float>();
+    case ANYCHIP_DTYPE_BFLOAT16: return make_avx2<bf16>();
+    case ANYCHIP_DTYPE_FLOAT16: return make_avx2<fp16>();
     default: return nullptr;
   }
 }
