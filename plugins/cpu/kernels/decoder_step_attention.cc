@@ -8,7 +8,7 @@
 
 #include "decoder_step.h"
 #include "elementwise_avx512.h"
-#include "simd_avx2.h"
+#include "elementwise_avx2.h"
 
 namespace anychip::cpu::decoder {
 namespace {
@@ -47,14 +47,7 @@ void block_scalar(const Keys<T>& kv, int64_t j0, int64_t j1, const float* q, int
 
 // ---- AVX2 -------------------------------------------------------------------------------------
 
-ANYCHIP_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-ANYCHIP_AVX2 inline __m256 load8(const bf16* p) {
-  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-}
-ANYCHIP_AVX2 inline __m256 load8(const fp16* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
+using avx2::load8;
 
 // block_scalar with each score's dot product summed in 8 lanes, and the weighted sum of V 64
 // columns of the head at a time in registers.

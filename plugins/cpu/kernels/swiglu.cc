@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "common.h"
+#include "elementwise_avx2.h"
 #include "elementwise_avx512.h"
 #include "elementwise_common.h"
 
@@ -42,6 +43,35 @@ void backward_scalar(const Args<T>& a, int64_t i0, int64_t i1) {
     a.out0[i] = from_float<T>(dy * u * (s + silu * (1.0f - s)));
     a.out1[i] = from_float<T>(dy * silu);
   }
+}
+
+ANYCHIP_AVX2 inline __m256 sigmoid8(__m256 g) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  return _mm256_div_ps(one, _mm256_add_ps(one, avx2::exp8(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+}
+
+template <typename T, bool kStream>
+ANYCHIP_AVX2 void forward_avx2(const Args<T>& a, int64_t i0, int64_t i1) {
+  const T *gate = a.gate + i0, *up = a.up + i0;
+  T* y = a.out0 + i0;
+  avx2::for8<kStream>(y, i1 - i0, [&](int64_t c, auto io) ANYCHIP_AVX2 {
+    const __m256 g = io.load(gate + c);
+    io.store(y + c, _mm256_mul_ps(_mm256_mul_ps(g, sigmoid8(g)), io.load(up + c)));
+  });
+}
+
+template <typename T, bool kStream>
+ANYCHIP_AVX2 void backward_avx2(const Args<T>& a, int64_t i0, int64_t i1) {
+  const T *dy = a.dy + i0, *gate = a.gate + i0, *up = a.up + i0;
+  T *dgate = a.out0 + i0, *dup = a.out1 + i0;
+  const __m256 one = _mm256_set1_ps(1.0f);
+  avx2::for8<kStream>(dgate, i1 - i0, [&](int64_t c, auto io) ANYCHIP_AVX2 {
+    const __m256 g = io.load(gate + c), d = io.load(dy + c);
+    const __m256 s = sigmoid8(g), silu = _mm256_mul_ps(g, s);
+    const __m256 ds = _mm256_fmadd_ps(silu, _mm256_sub_ps(one, s), s);  // d silu / dg
+    io.store(dgate + c, _mm256_mul_ps(_mm256_mul_ps(d, io.load(up + c)), ds));
+    io.store(dup + c, _mm256_mul_ps(d, silu));
+  });
 }
 
 ANYCHIP_AVX512 inline __m512 sigmoid16(__m512 g) {
@@ -91,7 +121,12 @@ AnychipStatus run(const AnychipKernelCall* call, bool grad) {
     const int nt = omp_get_num_threads(), t = omp_get_thread_num();
     const int64_t vectors = (n + 15) / 16;
     const int64_t i0 = std::min(n, part(vectors, nt, t) * 16), i1 = std::min(n, part(vectors, nt, t + 1) * 16);
-    if (!vector) {
+    if (isa() == Isa::kAvx2 && stream) {
+      grad ? backward_avx2<T, true>(a, i0, i1) : forward_avx2<T, true>(a, i0, i1);
+      avx2::stream_fence();
+    } else if (isa() == Isa::kAvx2) {
+      grad ? backward_avx2<T, false>(a, i0, i1) : forward_avx2<T, false>(a, i0, i1);
+    } else if (!vector) {
       grad ? backward_scalar(a, i0, i1) : forward_scalar(a, i0, i1);
     } else if (stream) {
       grad ? backward_avx512<T, true>(a, i0, i1) : forward_avx512<T, true>(a, i0, i1);
