@@ -15,8 +15,8 @@
 
 #include "common.h"
 #include "elementwise_common.h"
+#include "elementwise_avx2.h"
 #include "elementwise_avx512.h"
-#include "simd_avx2.h"
 
 namespace anychip::cpu {
 namespace {
@@ -113,92 +113,112 @@ void backward_scalar(const Backward<T>& a, int64_t r0, int64_t r1, float* dw) {
   }
 }
 
-// ---- AVX2 (float32) ---------------------------------------------------------------------------
+// ---- AVX2 -------------------------------------------------------------------------------------
 
-// Elements before p reaches a 32-byte boundary, at most n (the first streamed store must be
-// aligned).
-inline int64_t head_to_align32(const float* p, int64_t n) {
-  const auto misalign = reinterpret_cast<uintptr_t>(p) & 31u;
-  if (misalign % sizeof(float) != 0) return n;
-  return std::min<int64_t>(misalign == 0 ? 0 : (32 - misalign) / sizeof(float), n);
+template <typename T>
+ANYCHIP_AVX2 float sum_squares_avx2(const T* x, int64_t C) {
+  using namespace avx2;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t c = 0;
+  for (; c + 16 <= C; c += 16) {
+    const __m256 v0 = load8(x + c), v1 = load8(x + c + 8);
+    acc0 = _mm256_fmadd_ps(v0, v0, acc0);
+    acc1 = _mm256_fmadd_ps(v1, v1, acc1);
+  }
+  for (; c < C; c += 8) {
+    const __m256 v = C - c >= 8 ? load8(x + c) : load_first(x + c, C - c);
+    acc0 = _mm256_fmadd_ps(v, v, acc0);
+  }
+  return sum8(_mm256_add_ps(acc0, acc1));
 }
 
-// The forward of float32 rows, as forward_avx512 (two passes over each row; with kStream the
-// outputs' whole vectors streamed past the caches).
-template <bool kStream>
-ANYCHIP_AVX2 void forward_avx2(const Forward<float>& a, int64_t r0, int64_t r1, float* hbuf) {
+// The forward on AVX2, as forward_avx512: two passes over each row, with kStream the outputs'
+// whole vectors streamed past the caches.
+template <typename T, bool kStream>
+ANYCHIP_AVX2 void forward_avx2(const Forward<T>& a, int64_t r0, int64_t r1, float* hbuf) {
+  using namespace avx2;
   const int64_t C = a.C;
-  // out[c] = f(c) for c < C, 8 at a time from the alignment peel on; the tail scalar.
-  auto write = [C](float* out, auto&& vec, auto&& one) ANYCHIP_AVX2 {
-    int64_t c = 0;
-    if constexpr (kStream)
-      for (const int64_t head = head_to_align32(out, C); c < head; ++c) out[c] = one(c);
-    for (; c + 8 <= C; c += 8) {
-      if constexpr (kStream) {
-        _mm256_stream_ps(out + c, vec(c));
-      } else {
-        _mm256_storeu_ps(out + c, vec(c));
-      }
-    }
-    for (; c < C; ++c) out[c] = one(c);
-  };
   for (int64_t r = r0; r < r1; ++r) {
-    const float* x = a.x + r * C;
-    const float* h = x;  // the row the second pass scales
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    float tail = 0.0f;
+    const T* x = a.x + r * C;
+    T* y = a.y + r * C;
+    float ss;
     if (a.residual != nullptr) {
-      const float* res = a.residual + r * C;
-      int64_t c = 0;
-      for (; c + 8 <= C; c += 8) {
-        const __m256 v = _mm256_add_ps(_mm256_loadu_ps(x + c), _mm256_loadu_ps(res + c));
-        _mm256_storeu_ps(hbuf + c, v);
-        acc0 = _mm256_fmadd_ps(v, v, acc0);
-      }
-      for (; c < C; ++c) {
-        hbuf[c] = x[c] + res[c];
-        tail += hbuf[c] * hbuf[c];
-      }
-      write(a.h + r * C, [&](int64_t i) ANYCHIP_AVX2 { return _mm256_loadu_ps(hbuf + i); },
-            [&](int64_t i) { return hbuf[i]; });
-      h = hbuf;
+      const T* res = a.residual + r * C;
+      T* h = a.h + r * C;
+      __m256 acc = _mm256_setzero_ps();
+      for8<kStream>(h, C, [&](int64_t c, auto io) ANYCHIP_AVX2 {
+        const __m256 v = round8(h, _mm256_add_ps(io.load(x + c), io.load(res + c)));
+        io.store(h + c, v);
+        _mm256_storeu_ps(hbuf + c, v);  // whole vectors: hbuf has room for 8 past C
+        acc = _mm256_fmadd_ps(v, v, acc);
+      });
+      ss = sum8(acc);
     } else {
-      int64_t c = 0;
-      for (; c + 16 <= C; c += 16) {
-        const __m256 v0 = _mm256_loadu_ps(x + c), v1 = _mm256_loadu_ps(x + c + 8);
-        acc0 = _mm256_fmadd_ps(v0, v0, acc0);
-        acc1 = _mm256_fmadd_ps(v1, v1, acc1);
-      }
-      for (; c < C; ++c) tail += x[c] * x[c];
+      ss = sum_squares_avx2(x, C);
     }
-    const float ss = avx2::sum8(_mm256_add_ps(acc0, acc1)) + tail;
     const float inv = 1.0f / std::sqrt(ss / static_cast<float>(C) + a.eps);
     a.inv_rms[r] = inv;
     const __m256 vinv = _mm256_set1_ps(inv);
-    write(a.y + r * C,
-          [&](int64_t i) ANYCHIP_AVX2 {
-            return _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(h + i), vinv), _mm256_loadu_ps(a.w + i));
-          },
-          [&](int64_t i) { return h[i] * inv * a.w[i]; });
+    const float* w = a.w;
+    const bool residual = a.residual != nullptr;
+    for8<kStream>(y, C, [&](int64_t c, auto io) ANYCHIP_AVX2 {
+      const __m256 hv = residual ? io.load(hbuf + c) : io.load(x + c);
+      io.store(y + c, _mm256_mul_ps(_mm256_mul_ps(hv, vinv), io.load(w + c)));
+    });
   }
 }
 
-// Below AVX-512: float32 rows on AVX2 where the CPU has it, the rest (16-bit rows there too)
-// scalar. hbuf holds C floats.
+// The backward on AVX2, as backward_avx512: the first pass (bound by the loads) takes the
+// row's dot product and its share of dweight, the second writes dh.
+template <typename T, bool kStream>
+ANYCHIP_AVX2 void backward_avx2(const Backward<T>& a, int64_t r0, int64_t r1, float* dw) {
+  using namespace avx2;
+  const int64_t C = a.C;
+  const float* w = a.w;
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* dy = a.dy + r * C;
+    const T* h = a.h + r * C;
+    const T* extra = a.dh_extra != nullptr ? a.dh_extra + r * C : nullptr;
+    T* dh = a.dh + r * C;
+    const float inv = a.inv_rms[r];
+    const __m256 vinv = _mm256_set1_ps(inv);
+    __m256 acc = _mm256_setzero_ps();
+    for8<false>(dh, C, [&](int64_t c, auto io) ANYCHIP_AVX2 {
+      const __m256 dyv = io.load(dy + c), hv = io.load(h + c);
+      acc = _mm256_fmadd_ps(_mm256_mul_ps(dyv, io.load(w + c)), hv, acc);
+      io.store(dw + c, _mm256_fmadd_ps(_mm256_mul_ps(dyv, hv), vinv, io.load(dw + c)));
+    });
+    const __m256 vk = _mm256_set1_ps(inv * inv * inv * sum8(acc) / static_cast<float>(C));
+    for8<kStream>(dh, C, [&](int64_t c, auto io) ANYCHIP_AVX2 {
+      const __m256 dyv = io.load(dy + c), hv = io.load(h + c);
+      __m256 d = _mm256_fmsub_ps(_mm256_mul_ps(vinv, dyv), io.load(w + c), _mm256_mul_ps(vk, hv));
+      if (extra != nullptr) d = _mm256_add_ps(d, io.load(extra + c));
+      io.store(dh + c, d);
+    });
+  }
+}
+
+template <typename T>
+void backward_below_avx512(const Backward<T>& a, int64_t r0, int64_t r1, float* dw, bool stream) {
+  if (isa() != Isa::kAvx2) return backward_scalar(a, r0, r1, dw);
+  if (stream) {
+    backward_avx2<T, true>(a, r0, r1, dw);
+    avx2::stream_fence();
+  } else {
+    backward_avx2<T, false>(a, r0, r1, dw);
+  }
+}
+
+// Below AVX-512: AVX2 where the CPU has it, else scalar. hbuf holds C + 8 floats.
 template <typename T>
 void forward_below_avx512(const Forward<T>& a, int64_t r0, int64_t r1, float* hbuf, bool stream) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (isa() == Isa::kAvx2) {
-      if (stream) {
-        forward_avx2<true>(a, r0, r1, hbuf);
-        _mm_sfence();
-      } else {
-        forward_avx2<false>(a, r0, r1, hbuf);
-      }
-      return;
-    }
+  if (isa() != Isa::kAvx2) return forward_scalar(a, r0, r1, hbuf);
+  if (stream) {
+    forward_avx2<T, true>(a, r0, r1, hbuf);
+    avx2::stream_fence();
+  } else {
+    forward_avx2<T, false>(a, r0, r1, hbuf);
   }
-  forward_scalar(a, r0, r1, hbuf);
 }
 
 // ---- AVX-512 ----------------------------------------------------------------------------------
@@ -412,7 +432,7 @@ AnychipStatus forward(const AnychipKernelCall* call) {
   {
     const int nt = omp_get_num_threads(), t = omp_get_thread_num();
     const int64_t r0 = part(R, nt, t), r1 = part(R, nt, t + 1);
-    std::vector<float> hbuf(with_residual || !vector ? C : 0);
+    std::vector<float> hbuf(with_residual || !vector ? C + 8 : 0);  // + 8: AVX2 stores whole vectors
     if (!vector) {
       forward_below_avx512(a, r0, r1, hbuf.data(), stream);
     } else if (stream && !with_residual && interleavable(a.y, C)) {
@@ -448,7 +468,7 @@ AnychipStatus backward(const AnychipKernelCall* call) {
       const int64_t r0 = part(R, blocks, b), r1 = part(R, blocks, b + 1);
       float* dw = partial.data() + b * C;
       if (!vector) {
-        backward_scalar(a, r0, r1, dw);
+        backward_below_avx512(a, r0, r1, dw, stream);
       } else if (stream && a.dh_extra == nullptr && interleavable(a.dh, C)) {
         backward_interleaved_avx512(a, r0, r1, dw);
       } else if (stream) {
