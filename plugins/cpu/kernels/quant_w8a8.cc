@@ -4,7 +4,9 @@
 // AVX-512 VNNI has only u8 x s8 (vpdpbusd), so W is read offset by +128 (a sign-bit flip) and
 // the rows of x carry the compensation: sum qx (qw + 128) = sum qx qw + 128 sum qx. Taking the
 // offset on W's side keeps the correction per row of x, known from the quantization, instead of
-// an extra pass over W. AMX (tdpbssd) multiplies s8 x s8 directly, for the larger M.
+// an extra pass over W. AMX (tdpbssd) multiplies s8 x s8 directly, for the larger M. AVX2's
+// vpmaddubsw (u8 x s8 pairs summed into int16) would saturate on W + 128, so it takes |x| and W
+// with x's sign instead: pairs of at most 2 x 127 x 127, exact.
 #include <omp.h>
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 
 #include "quant.h"
 #include "quant_simd.h"
+#include "simd_avx2.h"
 
 namespace anychip::cpu::quant {
 namespace {
@@ -84,8 +87,58 @@ QUANT_AVX512 void vnni_tile(const QuantizedX& qx, int64_t i0, const uint8_t* con
     for (int r = 0; r < 4; ++r) dot[i][r] = _mm512_reduce_add_epi32(acc[i][r]) - 128 * qx.sum[i0 + i];
 }
 
-void vnni_rows(int64_t mr, const QuantizedX& qx, int64_t i0, const uint8_t* const (&rows)[4], int64_t k,
-               int32_t (&dot)[4][4]) {
+// vnni_tile on AVX2 for rows n .. n + 3 of W, two at a time (8 accumulators), 32 k per step;
+// a last partial step reads W through a zero-padded copy (x is padded already).
+template <int MR>
+ANYCHIP_AVX2 void avx2_tile(const QuantizedX& qx, int64_t i0, const uint8_t* const (&rows)[4], int64_t k,
+                            int32_t (&dot)[4][4]) {
+  const int8_t* x = qx.q.data() + i0 * qx.ld;
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int pair = 0; pair < 2; ++pair) {
+    __m256i acc[MR][2];
+    for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
+    auto step = [&](int64_t c, const uint8_t* w0, const uint8_t* w1) ANYCHIP_AVX2 {
+      const __m256i wv[2] = {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0)),
+                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w1))};
+      for (int i = 0; i < MR; ++i) {
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i * qx.ld + c));
+        const __m256i xa = _mm256_abs_epi8(xv);
+        for (int r = 0; r < 2; ++r) {
+          const __m256i pairs = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(wv[r], xv));
+          acc[i][r] = _mm256_add_epi32(acc[i][r], _mm256_madd_epi16(pairs, ones));
+        }
+      }
+    };
+    const uint8_t* w0 = rows[2 * pair];
+    const uint8_t* w1 = rows[2 * pair + 1];
+    int64_t c = 0;
+    for (; c + 32 <= k; c += 32) step(c, w0 + c, w1 + c);
+    if (c < k) {
+      uint8_t tail[2][32] = {};
+      std::memcpy(tail[0], w0 + c, static_cast<size_t>(k - c));
+      std::memcpy(tail[1], w1 + c, static_cast<size_t>(k - c));
+      step(c, tail[0], tail[1]);
+    }
+    for (int i = 0; i < MR; ++i)
+      for (int r = 0; r < 2; ++r) {
+        __m128i h = _mm_add_epi32(_mm256_castsi256_si128(acc[i][r]), _mm256_extracti128_si256(acc[i][r], 1));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+        dot[i][2 * pair + r] = _mm_cvtsi128_si32(h);
+      }
+  }
+}
+
+void tile_rows(int64_t mr, const QuantizedX& qx, int64_t i0, const uint8_t* const (&rows)[4], int64_t k,
+               int32_t (&dot)[4][4], Isa isa) {
+  if (!has_avx512(isa)) {
+    switch (mr) {
+      case 1: return avx2_tile<1>(qx, i0, rows, k, dot);
+      case 2: return avx2_tile<2>(qx, i0, rows, k, dot);
+      case 3: return avx2_tile<3>(qx, i0, rows, k, dot);
+      default: return avx2_tile<4>(qx, i0, rows, k, dot);
+    }
+  }
   switch (mr) {
     case 1: return vnni_tile<1>(qx, i0, rows, k, dot);
     case 2: return vnni_tile<2>(qx, i0, rows, k, dot);
@@ -106,7 +159,7 @@ float dequant(const QuantizedX& qx, const Problem& p, int64_t i, int64_t n, int3
   return static_cast<float>(dot) * qx.scale[i] * p.ws[n];
 }
 
-void run_vnni(const QuantizedX& qx, const Problem& p, Isa isa, int threads) {
+void run_tiles(const QuantizedX& qx, const Problem& p, Isa isa, int threads) {
   const int64_t tasks = (p.n + kRowsPerTask - 1) / kRowsPerTask;
 #pragma omp parallel num_threads(threads)
   {
@@ -122,7 +175,7 @@ void run_vnni(const QuantizedX& qx, const Problem& p, Isa isa, int threads) {
           for (int64_t r = 0; r < 4; ++r)
             rows[r] = reinterpret_cast<const uint8_t*>(p.w) + std::min(n + r, p.n - 1) * p.k;
           int32_t dot[4][4];
-          vnni_rows(mr, qx, i0, rows, p.k, dot);
+          tile_rows(mr, qx, i0, rows, p.k, dot, isa);
           for (int64_t i = 0; i < mr; ++i)
             for (int64_t r = 0; r < 4 && n + r < n0 + nb; ++r)
               out[i * kRowsPerTask + (n - n0) + r] = dequant(qx, p, i0 + i, n + r, dot[i][r]);
@@ -220,12 +273,12 @@ ANYCHIP_CPU_KERNEL(w8a8_linear) {
   const Problem p{static_cast<const int8_t*>(qw.data), static_cast<const float*>(ws.data),
                   bias != nullptr ? bias_f.data() : nullptr, m, n, k, &y};
   const QuantizedX qx = quantize_x(x, m, k, isa, nt);
-  if (!has_avx512(isa) || k == 0) {
+  if (isa == Isa::kScalar || k == 0) {
     run_scalar(qx, p, nt);
   } else if (isa == Isa::kAmx && m > kAmxRows) {
     run_amx(qx, p, isa, nt);
   } else {
-    run_vnni(qx, p, isa, nt);
+    run_tiles(qx, p, isa, nt);
   }
   return ANYCHIP_OK;
 }
