@@ -1,9 +1,8 @@
 // linear (y = x W^T + bias) and linear_grad (dx = dy W, dW = dy^T x, dbias = the column sums of
 // dy) for float weights, on quant_gemm.cc's blocked products: AMX bf16 tiles when the products are
 // bf16 (bf16 tensors, or float32 tensors with compute bfloat16) and the CPU has AMX, AVX-512 or
-// AVX2 FMA in float32 otherwise (float32 tensors' own products stay exact float32; dW on AVX2
-// takes the plain loops, its transposes being AVX-512), plain loops for the scalar ISA. Every
-// path accumulates in float32.
+// AVX2 FMA in float32 otherwise (float32 tensors' own products stay exact float32), plain loops
+// for the scalar ISA. Every path accumulates in float32.
 //
 // Mixed precision (float32 tensors, compute bfloat16) rounds x, dy and W to bf16 where they are
 // packed for the AMX tiles and writes float32 results. Without AMX the other paths multiply
@@ -224,8 +223,8 @@ void grad_weight(const Matrix& dy, const Matrix& x, const AnychipTensor& dw, boo
     const int64_t mp = round_up(p.rows, 32);
     product_amx(transposed_bf16(p, round_up(p.cols, 32), mp, threads).data(), p.cols, mp, q, false, out, isa,
                 threads);
-  } else if (has_avx512(isa)) {
-    product_f32(transposed_f32(p, threads).data(), p.cols, q, false, out, isa, threads);
+  } else if (isa != Isa::kScalar) {
+    product_f32(transposed_f32(p, isa, threads).data(), p.cols, q, false, out, isa, threads);
   } else {
     std::vector<float> dyb, xb;
     axpy_rows(as_f32(dy, dyb, isa, threads), true, dy.rows, dy.cols, as_f32(x, xb, isa, threads), x.cols, dw,

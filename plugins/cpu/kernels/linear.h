@@ -28,8 +28,9 @@ struct Matrix {
 
 // m as contiguous float32 (m itself when it is float32 already; else converted into `buffer`).
 const float* as_f32(const Matrix& m, std::vector<float>& buffer, Isa isa, int threads);
-// m^T as contiguous float32 [cols][rows].
-std::vector<float> transposed_f32(const Matrix& m, int threads);
+// m^T as contiguous float32 [cols][rows] (float32 blocks of 16 x 16 transposed with AVX-512 where
+// the ISA has it, element by element otherwise).
+std::vector<float> transposed_f32(const Matrix& m, Isa isa, int threads);
 
 // gemm_f32 packs of B: by rows, B = m (bp[l][jj] = m[l0 + l][j0 + jj]); by columns, B = m^T
 // (bp[l][jj] = m[j0 + jj][l0 + l]; scratch of 16 * round_up(lb, 16) floats). Zeros past m.

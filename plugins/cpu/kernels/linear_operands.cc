@@ -66,7 +66,7 @@ const float* as_f32(const Matrix& m, std::vector<float>& buffer, Isa isa, int th
   return buffer.data();
 }
 
-std::vector<float> transposed_f32(const Matrix& m, int threads) {
+std::vector<float> transposed_f32(const Matrix& m, Isa isa, int threads) {
   std::vector<float> out(static_cast<size_t>(m.rows * m.cols));
   const int64_t blocks = (m.cols + kBlock - 1) / kBlock;
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -74,7 +74,7 @@ std::vector<float> transposed_f32(const Matrix& m, int threads) {
     const int64_t c0 = b * kBlock, c1 = std::min(m.cols, c0 + kBlock);
     for (int64_t r0 = 0; r0 < m.rows; r0 += kBlock) {
       const int64_t r1 = std::min(m.rows, r0 + kBlock);
-      if (m.dtype == ANYCHIP_DTYPE_FLOAT32 && r1 - r0 == kBlock && c1 - c0 == kBlock) {  // 16 x 16 at a time
+      if (has_avx512(isa) && m.dtype == ANYCHIP_DTYPE_FLOAT32 && r1 - r0 == kBlock && c1 - c0 == kBlock) {  // 16 x 16 at a time
         for (int64_t r = r0; r < r1; r += 16)
           for (int64_t c = c0; c < c1; c += 16)
             quant::transpose16(static_cast<const uint32_t*>(m.at(r, c)), m.ld,
