@@ -1,9 +1,9 @@
-// The AVX2 attention engine: attention_engine_portable.h compiled for AVX2 + FMA, with the three
-// forward steps that take the time written for it. The portable loops left the compiler little
-// to work with there: scores reloaded every key vector for each query row, pv loaded and stored
-// its accumulator row for every key (it cannot know acc and v do not overlap), and softmax called
-// libm's exp2f once per score. Here each key (or value) vector serves 4 (2) query rows from
-// registers. GCC 12 keeps such accumulator arrays in registers only when the loops over them are
+// The AVX2 attention engine: attention_engine_portable.h compiled for AVX2 + FMA, with the steps
+// that take the time written for it (scores, softmax and pv; the backward's grad_scores,
+// accum_keys and accum_rows). The portable loops left the compiler little to work with there:
+// scores reloaded every key vector for each query row, pv loaded and stored its accumulator row
+// for every key (it cannot know acc and v do not overlap), and softmax called libm's exp2f once
+// per score. Here each key (or value) vector serves 4 (2) query rows from registers. GCC 12 keeps such accumulator arrays in registers only when the loops over them are
 // unrolled (hence the pragmas; without them it stored all 8 to the stack on every key). Causal
 // GQA fp32 [2048, 9/3 heads, 64] on 2 Zen 3 vCPUs: 170 -> 50-60 ms (PyTorch's
 // scaled_dot_product_attention: 45-68 ms in the same runs), 2026-12-01.
@@ -118,44 +118,46 @@ inline __m256i lanes8(int k) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-// Rows r0 .. r0 + R - 1 (R <= 2) of pv over columns [c0, c0 + 8 V): the accumulators stay in
-// registers over all n keys. kFull: every column is below d; else lanes past d are masked, so
-// that no load reaches past a value row (float32 values are read in place).
+// The products that add rows of a matrix to accumulator rows, pv's shape: for output rows
+// o = o0 .. o0 + R - 1 (R <= 2), acc[o] = acc[o] * alpha[o] (no alpha: 1) + sum_{i < n}
+// coef[o * so + i * si] v_i over columns [c0, c0 + 8 V), v_i at v + i * ldv. The accumulators
+// stay in registers over all n rows of v. kFull: every column is below d; else lanes past d are
+// masked, so that no load reaches past a row (float32 values are read in place).
 template <int R, int V, bool kFull>
-inline void pv_block(const float* p, const float* v, int64_t ldv, int r0, int n, int c0, int d, const float* alpha,
-                     float* acc, int dp) {
+inline void axpy_block(const float* coef, int64_t so, int64_t si, const float* v, int64_t ldv, int o0, int n, int c0,
+                       int d, const float* alpha, float* acc, int dp) {
   __m256i mask[V];
   __m256 a[R][V];
 #pragma GCC unroll 8
   for (int u = 0; u < V; ++u) mask[u] = kFull ? _mm256_set1_epi32(-1) : lanes8(d - c0 - 8 * u);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
-    const __m256 al = _mm256_set1_ps(alpha[r0 + r]);
 #pragma GCC unroll 8
     for (int u = 0; u < V; ++u) {
-      const float* x = acc + (r0 + r) * dp + c0 + 8 * u;
-      a[r][u] = _mm256_mul_ps(kFull ? _mm256_loadu_ps(x) : _mm256_maskload_ps(x, mask[u]), al);
+      const float* x = acc + (o0 + r) * dp + c0 + 8 * u;
+      a[r][u] = kFull ? _mm256_loadu_ps(x) : _mm256_maskload_ps(x, mask[u]);
+      if (alpha != nullptr) a[r][u] = _mm256_mul_ps(a[r][u], _mm256_set1_ps(alpha[o0 + r]));
     }
   }
-  for (int j = 0; j < n; ++j) {
+  for (int i = 0; i < n; ++i) {
     __m256 vv[V];
 #pragma GCC unroll 8
     for (int u = 0; u < V; ++u) {
-      const float* x = v + j * ldv + c0 + 8 * u;
+      const float* x = v + i * ldv + c0 + 8 * u;
       vv[u] = kFull ? _mm256_loadu_ps(x) : _mm256_maskload_ps(x, mask[u]);
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m256 pj = _mm256_broadcast_ss(p + (r0 + r) * kKeyTile + j);
+      const __m256 c = _mm256_broadcast_ss(coef + (o0 + r) * so + i * si);
 #pragma GCC unroll 8
-      for (int u = 0; u < V; ++u) a[r][u] = _mm256_fmadd_ps(pj, vv[u], a[r][u]);
+      for (int u = 0; u < V; ++u) a[r][u] = _mm256_fmadd_ps(c, vv[u], a[r][u]);
     }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int u = 0; u < V; ++u) {
-      float* out = acc + (r0 + r) * dp + c0 + 8 * u;
+      float* out = acc + (o0 + r) * dp + c0 + 8 * u;
       if (kFull) {
         _mm256_storeu_ps(out, a[r][u]);
       } else {
@@ -164,25 +166,52 @@ inline void pv_block(const float* p, const float* v, int64_t ldv, int r0, int n,
     }
 }
 
-template <bool kFull>
-void pv_columns(const float* p, const float* v, int64_t ldv, int m, int n, int c0, int d, const float* alpha,
-                float* acc, int dp) {
-  int r = 0;
-  for (; r + 2 <= m; r += 2) pv_block<2, 4, kFull>(p, v, ldv, r, n, c0, d, alpha, acc, dp);
-  if (r < m) pv_block<1, 4, kFull>(p, v, ldv, r, n, c0, d, alpha, acc, dp);
+// axpy_block over output rows [0, rows) and all d columns, 32 at a time.
+void axpy(const float* coef, int64_t so, int64_t si, const float* v, int64_t ldv, int rows, int n, int d,
+          const float* alpha, float* acc) {
+  const int dp = dpad(d);
+  for (int c0 = 0; c0 < d; c0 += 32) {
+    auto columns = [&](auto full) {
+      constexpr bool kFull = decltype(full)::value;
+      int o = 0;
+      for (; o + 2 <= rows; o += 2) axpy_block<2, 4, kFull>(coef, so, si, v, ldv, o, n, c0, d, alpha, acc, dp);
+      if (o < rows) axpy_block<1, 4, kFull>(coef, so, si, v, ldv, o, n, c0, d, alpha, acc, dp);
+    };
+    if (c0 + 32 <= d) {
+      columns(std::true_type{});
+    } else {
+      columns(std::false_type{});
+    }
+  }
 }
 
 void pv_avx2(const void* pp, const void* vv, int64_t ldv, int m, int n, int d, const float* alpha, float* acc) {
-  const float* p = static_cast<const float*>(pp);
-  const float* v = static_cast<const float*>(vv);
-  const int dp = dpad(d);
-  for (int c0 = 0; c0 < d; c0 += 32) {
-    if (c0 + 32 <= d) {
-      pv_columns<true>(p, v, ldv, m, n, c0, d, alpha, acc, dp);
-    } else {
-      pv_columns<false>(p, v, ldv, m, n, c0, d, alpha, acc, dp);
+  axpy(static_cast<const float*>(pp), kKeyTile, 1, static_cast<const float*>(vv), ldv, m, n, d, alpha, acc);
+}
+
+// ---- backward
+
+void grad_scores_avx2(float* t, float* dp, int m, const float* lse, const float* delta) {
+  for (int r = 0; r < m; ++r) {
+    const __m256 lse2 = _mm256_set1_ps(lse[r] == -kInf ? kInf : lse[r] * kLog2e);
+    const __m256 dl = _mm256_set1_ps(delta[r]);
+    for (int j = 0; j < kKeyTile; j += 8) {
+      float* tj = t + r * kKeyTile + j;
+      float* dj = dp + r * kKeyTile + j;
+      const __m256 p = exp2_8(_mm256_sub_ps(_mm256_loadu_ps(tj), lse2));
+      _mm256_storeu_ps(tj, p);
+      _mm256_storeu_ps(dj, _mm256_mul_ps(p, _mm256_sub_ps(_mm256_loadu_ps(dj), dl)));
     }
   }
+}
+
+void accum_keys_avx2(const float* a, const void* xp, int m, int d, float* acc) {
+  axpy(a, 1, kKeyTile, static_cast<const float*>(xp), dpad(d), kKeyTile, m, d, nullptr, acc);
+}
+
+void accum_rows_avx2(const float* a, const void* kp, int m, int n, int d, float* acc) {
+  const float* y = static_cast<const float*>(kp) + kKeyTile * dpad(d);
+  axpy(a, kKeyTile, 1, y, dpad(d), m, n, d, nullptr, acc);
 }
 
 template <typename T>
@@ -192,6 +221,9 @@ const Engine* make_avx2() {
     x.scores = scores_avx2;
     x.softmax = softmax_avx2<T>;
     x.pv = pv_avx2;
+    x.grad_scores = grad_scores_avx2;
+    x.accum_keys = accum_keys_avx2;
+    x.accum_rows = accum_rows_avx2;
     return x;
   }();
   return &e;
