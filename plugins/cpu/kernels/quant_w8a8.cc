@@ -88,36 +88,35 @@ QUANT_AVX512 void vnni_tile(const QuantizedX& qx, int64_t i0, const uint8_t* con
 }
 
 // vnni_tile on AVX2 for rows n .. n + 3 of W, two at a time (8 accumulators), 32 k per step;
-// a last partial step reads W through a zero-padded copy (x is padded already).
+// a last partial step reads W through a zero-padded copy (x is padded already). No lambda holds
+// the accumulators: GCC 12 then keeps them in memory.
 template <int MR>
 ANYCHIP_AVX2 void avx2_tile(const QuantizedX& qx, int64_t i0, const uint8_t* const (&rows)[4], int64_t k,
                             int32_t (&dot)[4][4]) {
   const int8_t* x = qx.q.data() + i0 * qx.ld;
   const __m256i ones = _mm256_set1_epi16(1);
+  const int64_t whole = k / 32 * 32;
   for (int pair = 0; pair < 2; ++pair) {
+    uint8_t tail[2][32] = {};
+    for (int r = 0; r < 2; ++r) std::memcpy(tail[r], rows[2 * pair + r] + whole, static_cast<size_t>(k - whole));
     __m256i acc[MR][2];
+#pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
-    auto step = [&](int64_t c, const uint8_t* w0, const uint8_t* w1) ANYCHIP_AVX2 {
-      const __m256i wv[2] = {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0)),
-                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w1))};
+    for (int64_t c = 0; c < k; c += 32) {
+      __m256i wv[2];
+#pragma GCC unroll 2
+      for (int r = 0; r < 2; ++r)
+        wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c < whole ? rows[2 * pair + r] + c : tail[r]));
+#pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
         const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i * qx.ld + c));
         const __m256i xa = _mm256_abs_epi8(xv);
+#pragma GCC unroll 2
         for (int r = 0; r < 2; ++r) {
           const __m256i pairs = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(wv[r], xv));
           acc[i][r] = _mm256_add_epi32(acc[i][r], _mm256_madd_epi16(pairs, ones));
         }
       }
-    };
-    const uint8_t* w0 = rows[2 * pair];
-    const uint8_t* w1 = rows[2 * pair + 1];
-    int64_t c = 0;
-    for (; c + 32 <= k; c += 32) step(c, w0 + c, w1 + c);
-    if (c < k) {
-      uint8_t tail[2][32] = {};
-      std::memcpy(tail[0], w0 + c, static_cast<size_t>(k - c));
-      std::memcpy(tail[1], w1 + c, static_cast<size_t>(k - c));
-      step(c, tail[0], tail[1]);
     }
     for (int i = 0; i < MR; ++i)
       for (int r = 0; r < 2; ++r) {
