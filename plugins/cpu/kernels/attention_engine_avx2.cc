@@ -119,24 +119,26 @@ inline __m256i lanes8(int k) {
 }
 
 // The products that add rows of a matrix to accumulator rows, pv's shape: for output rows
-// o = o0 .. o0 + R - 1 (R <= 2), acc[o] = acc[o] * alpha[o] (no alpha: 1) + sum_{i < n}
-// coef[o * so + i * si] v_i over columns [c0, c0 + 8 V), v_i at v + i * ldv. The accumulators
-// stay in registers over all n rows of v. kFull: every column is below d; else lanes past d are
-// masked, so that no load reaches past a row (float32 values are read in place).
-template <int R, int V, bool kFull>
-inline void axpy_block(const float* coef, int64_t so, int64_t si, const float* v, int64_t ldv, int o0, int n, int c0,
-                       int d, const float* alpha, float* acc, int dp) {
+// o = o0 .. o0 + R - 1 (R <= 2), acc[o] = acc[o] * alpha[o] (kScale; else no scaling) +
+// sum_{i < n} coef[o * SO + i * SI] v_i over columns [c0, c0 + 8 V), v_i at v + i * ldv. The
+// accumulators stay in registers over all n rows of v. kFull: every column is below d; else
+// lanes past d are masked, so that no load reaches past a row (float32 values are read in
+// place). Strides and scaling are compile-time: as run-time values they cost pv 5-10%.
+template <int SO, int SI, bool kScale, int R, int V, bool kFull>
+inline void axpy_block(const float* coef, const float* v, int64_t ldv, int o0, int n, int c0, int d,
+                       const float* alpha, float* acc, int dp) {
   __m256i mask[V];
   __m256 a[R][V];
 #pragma GCC unroll 8
   for (int u = 0; u < V; ++u) mask[u] = kFull ? _mm256_set1_epi32(-1) : lanes8(d - c0 - 8 * u);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
+    const __m256 al = kScale ? _mm256_set1_ps(alpha[o0 + r]) : _mm256_set1_ps(1.0f);
 #pragma GCC unroll 8
     for (int u = 0; u < V; ++u) {
       const float* x = acc + (o0 + r) * dp + c0 + 8 * u;
       a[r][u] = kFull ? _mm256_loadu_ps(x) : _mm256_maskload_ps(x, mask[u]);
-      if (alpha != nullptr) a[r][u] = _mm256_mul_ps(a[r][u], _mm256_set1_ps(alpha[o0 + r]));
+      if (kScale) a[r][u] = _mm256_mul_ps(a[r][u], al);
     }
   }
   for (int i = 0; i < n; ++i) {
@@ -148,7 +150,7 @@ inline void axpy_block(const float* coef, int64_t so, int64_t si, const float* v
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m256 c = _mm256_broadcast_ss(coef + (o0 + r) * so + i * si);
+      const __m256 c = _mm256_broadcast_ss(coef + (o0 + r) * SO + i * SI);
 #pragma GCC unroll 8
       for (int u = 0; u < V; ++u) a[r][u] = _mm256_fmadd_ps(c, vv[u], a[r][u]);
     }
@@ -166,27 +168,29 @@ inline void axpy_block(const float* coef, int64_t so, int64_t si, const float* v
     }
 }
 
+template <int SO, int SI, bool kScale, bool kFull>
+void axpy_columns(const float* coef, const float* v, int64_t ldv, int rows, int n, int c0, int d, const float* alpha,
+                  float* acc, int dp) {
+  int o = 0;
+  for (; o + 2 <= rows; o += 2) axpy_block<SO, SI, kScale, 2, 4, kFull>(coef, v, ldv, o, n, c0, d, alpha, acc, dp);
+  if (o < rows) axpy_block<SO, SI, kScale, 1, 4, kFull>(coef, v, ldv, o, n, c0, d, alpha, acc, dp);
+}
+
 // axpy_block over output rows [0, rows) and all d columns, 32 at a time.
-void axpy(const float* coef, int64_t so, int64_t si, const float* v, int64_t ldv, int rows, int n, int d,
-          const float* alpha, float* acc) {
+template <int SO, int SI, bool kScale>
+void axpy(const float* coef, const float* v, int64_t ldv, int rows, int n, int d, const float* alpha, float* acc) {
   const int dp = dpad(d);
   for (int c0 = 0; c0 < d; c0 += 32) {
-    auto columns = [&](auto full) {
-      constexpr bool kFull = decltype(full)::value;
-      int o = 0;
-      for (; o + 2 <= rows; o += 2) axpy_block<2, 4, kFull>(coef, so, si, v, ldv, o, n, c0, d, alpha, acc, dp);
-      if (o < rows) axpy_block<1, 4, kFull>(coef, so, si, v, ldv, o, n, c0, d, alpha, acc, dp);
-    };
     if (c0 + 32 <= d) {
-      columns(std::true_type{});
+      axpy_columns<SO, SI, kScale, true>(coef, v, ldv, rows, n, c0, d, alpha, acc, dp);
     } else {
-      columns(std::false_type{});
+      axpy_columns<SO, SI, kScale, false>(coef, v, ldv, rows, n, c0, d, alpha, acc, dp);
     }
   }
 }
 
 void pv_avx2(const void* pp, const void* vv, int64_t ldv, int m, int n, int d, const float* alpha, float* acc) {
-  axpy(static_cast<const float*>(pp), kKeyTile, 1, static_cast<const float*>(vv), ldv, m, n, d, alpha, acc);
+  axpy<kKeyTile, 1, true>(static_cast<const float*>(pp), static_cast<const float*>(vv), ldv, m, n, d, alpha, acc);
 }
 
 // ---- backward
@@ -206,12 +210,12 @@ void grad_scores_avx2(float* t, float* dp, int m, const float* lse, const float*
 }
 
 void accum_keys_avx2(const float* a, const void* xp, int m, int d, float* acc) {
-  axpy(a, 1, kKeyTile, static_cast<const float*>(xp), dpad(d), kKeyTile, m, d, nullptr, acc);
+  axpy<1, kKeyTile, false>(a, static_cast<const float*>(xp), dpad(d), kKeyTile, m, d, nullptr, acc);
 }
 
 void accum_rows_avx2(const float* a, const void* kp, int m, int n, int d, float* acc) {
   const float* y = static_cast<const float*>(kp) + kKeyTile * dpad(d);
-  axpy(a, kKeyTile, 1, y, dpad(d), m, n, d, nullptr, acc);
+  axpy<kKeyTile, 1, false>(a, y, dpad(d), m, n, d, nullptr, acc);
 }
 
 template <typename T>
