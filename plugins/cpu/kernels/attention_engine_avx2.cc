@@ -7,33 +7,16 @@
 // unrolled (hence the pragmas; without them it stored all 8 to the stack on every key). Causal
 // GQA fp32 [2048, 9/3 heads, 64] on 2 Zen 3 vCPUs: 170 -> 50-60 ms (PyTorch's
 // scaled_dot_product_attention: 45-68 ms in the same runs), 2026-12-01.
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")  // as ANYCHIP_AVX2, so that its helpers inline here
 
 #include "attention_engine_portable.h"
-#include "simd_avx2.h"
+#include "elementwise_avx2.h"
 
 namespace anychip::cpu::attn {
 namespace {
 
-// 2^x for x <= 0 (scores less the row max, in log2 units): x = k + f with k = round(x), 2^f by
-// the degree-7 Taylor polynomial of e^(f ln 2) (|f ln 2| <= 0.35: truncation below 2e-9
-// relative), 2^k put into the exponent. x below -126 (and -inf) gives 0; NaN stays NaN.
-inline __m256 exp2_8(__m256 x) {
-  const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_LT_OQ);
-  x = _mm256_max_ps(_mm256_set1_ps(-126.0f), x);  // NaN passes (max returns its second operand)
-  const __m256 k = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 y = _mm256_mul_ps(_mm256_sub_ps(x, k), _mm256_set1_ps(kLn2));
-  __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-  p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f / 720.0f));
-  p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f / 120.0f));
-  p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f / 24.0f));
-  p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f / 6.0f));
-  p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f));
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
-}
+// 2^x for x <= 0 (scores less the row max, in log2 units; -inf gives 0): elementwise_avx2.h's e^x.
+inline __m256 exp2_8(__m256 x) { return avx2::exp8(_mm256_mul_ps(x, _mm256_set1_ps(kLn2))); }
 
 // v rounded to bfloat16 precision (to nearest even) and back, as operand_p<bf16>; NaN kept.
 inline __m256 round_bf16(__m256 v) {

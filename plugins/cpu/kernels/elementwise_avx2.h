@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "common.h"
 #include "simd_avx2.h"
@@ -74,6 +75,18 @@ ANYCHIP_AVX2 inline void stream8(fp16* p, __m256 v) { _mm_stream_si128(half_vect
 
 // Makes this thread's non-temporal stores visible before the kernel returns.
 ANYCHIP_AVX2 inline void stream_fence() { _mm_sfence(); }
+
+// Runs f(std::true_type{}) (a loop that streams its outputs) and fences, when `stream`; else
+// f(std::false_type{}).
+template <typename F>
+inline void with_streaming(bool stream, F&& f) {
+  if (stream) {
+    f(std::true_type{});
+    stream_fence();
+  } else {
+    f(std::false_type{});
+  }
+}
 
 // Elements before p reaches a 32-byte boundary, at most n; all n when p is not even
 // element-aligned and so never gets there.

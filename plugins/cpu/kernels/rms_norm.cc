@@ -198,27 +198,17 @@ ANYCHIP_AVX2 void backward_avx2(const Backward<T>& a, int64_t r0, int64_t r1, fl
   }
 }
 
-template <typename T>
-void backward_below_avx512(const Backward<T>& a, int64_t r0, int64_t r1, float* dw, bool stream) {
-  if (isa() != Isa::kAvx2) return backward_scalar(a, r0, r1, dw);
-  if (stream) {
-    backward_avx2<T, true>(a, r0, r1, dw);
-    avx2::stream_fence();
-  } else {
-    backward_avx2<T, false>(a, r0, r1, dw);
-  }
-}
-
 // Below AVX-512: AVX2 where the CPU has it, else scalar. hbuf holds C + 8 floats.
 template <typename T>
 void forward_below_avx512(const Forward<T>& a, int64_t r0, int64_t r1, float* hbuf, bool stream) {
   if (isa() != Isa::kAvx2) return forward_scalar(a, r0, r1, hbuf);
-  if (stream) {
-    forward_avx2<T, true>(a, r0, r1, hbuf);
-    avx2::stream_fence();
-  } else {
-    forward_avx2<T, false>(a, r0, r1, hbuf);
-  }
+  avx2::with_streaming(stream, [&](auto s) { forward_avx2<T, decltype(s)::value>(a, r0, r1, hbuf); });
+}
+
+template <typename T>
+void backward_below_avx512(const Backward<T>& a, int64_t r0, int64_t r1, float* dw, bool stream) {
+  if (isa() != Isa::kAvx2) return backward_scalar(a, r0, r1, dw);
+  avx2::with_streaming(stream, [&](auto s) { backward_avx2<T, decltype(s)::value>(a, r0, r1, dw); });
 }
 
 // ---- AVX-512 ----------------------------------------------------------------------------------

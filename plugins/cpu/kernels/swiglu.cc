@@ -121,11 +121,11 @@ AnychipStatus run(const AnychipKernelCall* call, bool grad) {
     const int nt = omp_get_num_threads(), t = omp_get_thread_num();
     const int64_t vectors = (n + 15) / 16;
     const int64_t i0 = std::min(n, part(vectors, nt, t) * 16), i1 = std::min(n, part(vectors, nt, t + 1) * 16);
-    if (isa() == Isa::kAvx2 && stream) {
-      grad ? backward_avx2<T, true>(a, i0, i1) : forward_avx2<T, true>(a, i0, i1);
-      avx2::stream_fence();
-    } else if (isa() == Isa::kAvx2) {
-      grad ? backward_avx2<T, false>(a, i0, i1) : forward_avx2<T, false>(a, i0, i1);
+    if (isa() == Isa::kAvx2) {
+      avx2::with_streaming(stream, [&](auto s) {
+        constexpr bool kStream = decltype(s)::value;
+        grad ? backward_avx2<T, kStream>(a, i0, i1) : forward_avx2<T, kStream>(a, i0, i1);
+      });
     } else if (!vector) {
       grad ? backward_scalar(a, i0, i1) : forward_scalar(a, i0, i1);
     } else if (stream) {
