@@ -3,10 +3,11 @@
 // accum_keys and accum_rows). The portable loops left the compiler little to work with there:
 // scores reloaded every key vector for each query row, pv loaded and stored its accumulator row
 // for every key (it cannot know acc and v do not overlap), and softmax called libm's exp2f once
-// per score. Here each key (or value) vector serves 4 (2) query rows from registers. GCC 12 keeps such accumulator arrays in registers only when the loops over them are
-// unrolled (hence the pragmas; without them it stored all 8 to the stack on every key). Causal
-// GQA fp32 [2048, 9/3 heads, 64] on 2 Zen 3 vCPUs: 170 -> 50-60 ms (PyTorch's
-// scaled_dot_product_attention: 45-68 ms in the same runs), 2026-12-01.
+// per score. Here each key (or value) vector serves 4 (2) query rows from registers. GCC 12 keeps
+// such accumulator arrays in registers only when the loops over them are unrolled (hence the
+// pragmas; without them it stored all 8 to the stack on every key). Causal GQA fp32 [2048, 9/3
+// heads, 64] on 2 Zen 3 vCPUs: 170 -> 50-60 ms (PyTorch's scaled_dot_product_attention: 45-68 ms
+// in the same runs), 2026-12-01.
 #pragma GCC target("avx2,fma,f16c")  // as ANYCHIP_AVX2, so that its helpers inline here
 
 #include "attention_engine_portable.h"
@@ -18,13 +19,9 @@ namespace {
 // 2^x for x <= 0 (scores less the row max, in log2 units; -inf gives 0): elementwise_avx2.h's e^x.
 inline __m256 exp2_8(__m256 x) { return avx2::exp8(_mm256_mul_ps(x, _mm256_set1_ps(kLn2))); }
 
-// v rounded to bfloat16 precision (to nearest even) and back, as operand_p<bf16>; NaN kept.
-inline __m256 round_bf16(__m256 v) {
-  const __m256i u = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  const __m256i r = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb),
-                                     _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
-  return _mm256_blendv_ps(_mm256_castsi256_ps(r), v, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+// Lanes [0, k) of 8: a tile's or a row's end.
+inline __m256i lanes8(int k) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
 // Rows r0 .. r0 + R - 1 (R <= 4) of the scores against 16 keys from j0: R x 2 accumulators, each
@@ -44,10 +41,8 @@ inline void scores_block(const float* x, const float* yt, int dp, int d, int r0,
     }
   }
   const __m256 vc = _mm256_set1_ps(c), vpad = _mm256_set1_ps(pad);
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   for (int h = 0; h < 2; ++h) {
-    // keys j0 + 8h + lane < n keep their score, the rest get pad
-    const __m256 valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n - j0 - 8 * h), lane));
+    const __m256 valid = _mm256_castsi256_ps(lanes8(n - j0 - 8 * h));  // keys below n keep their score
     for (int r = 0; r < R; ++r)
       _mm256_storeu_ps(t + (r0 + r) * kKeyTile + j0 + 8 * h,
                        _mm256_blendv_ps(vpad, _mm256_mul_ps(vc, acc[r][h]), valid));
@@ -88,17 +83,14 @@ void softmax_avx2(const float* t, int m, float* mx, float* l, float* alpha, void
     for (int j = 0; j < kKeyTile; j += 8) {
       const __m256 e = exp2_8(_mm256_sub_ps(_mm256_loadu_ps(tr + j), vm));
       sum = _mm256_add_ps(sum, e);
-      _mm256_storeu_ps(p + r * kKeyTile + j, std::is_same_v<T, bf16> ? round_bf16(e) : e);
+      // bf16 rounds the probabilities as operand_p<bf16> does; the other dtypes keep them
+      const __m256 operand = std::is_same_v<T, bf16> ? avx2::round8(static_cast<bf16*>(nullptr), e) : e;
+      _mm256_storeu_ps(p + r * kKeyTile + j, operand);
     }
     l[r] = l[r] * a + avx2::sum8(sum);
     mx[r] = mnew;
     alpha[r] = a;
   }
-}
-
-// Lanes [0, k) of 8, for maskload / maskstore at a row's end.
-inline __m256i lanes8(int k) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
 // The products that add rows of a matrix to accumulator rows, pv's shape: for output rows
