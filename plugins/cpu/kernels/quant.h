@@ -136,6 +136,10 @@ void gemv_int8x(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float*
 // K a multiple of 64). Every row of x any M, each row's sums the same whatever M.
 void gemv_avx2(const QWeight& w, const float* x, int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy);
 void gemv_int8x_avx2(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float* y, int64_t ldy);
+// quantize_x's runs on AVX2, bit for bit as its scalar loop: `runs` runs of 32 of x into their
+// codes q and scales sx, and with `offsets` each run's share of the 4-bit codes' +8 (sx * -8 *
+// the sum of its codes).
+void quantize_runs_avx2(const float* x, int64_t runs, int8_t* q, float* sx, float* offsets);
 
 // acc[i * ldacc + k - k0] += sum_n dy[i][n] W[n][k] for i < M, k in [k0, k1), W with its offsets;
 // dy float32 [M][N]. scratch holds 4 * (k1 - k0) floats.

@@ -111,16 +111,6 @@ QUANT_AVX512 void quantize_runs_avx512(const float* x, int64_t runs, int8_t* q, 
   }
 }
 
-// What the AVX2 4-bit product (quant_gemv_avx2.cc) adds for the codes' +8: per run, sx times -8
-// times the sum of its x codes.
-void run_offsets(const int8_t* q, const float* sx, int64_t runs, float* out) {
-  for (int64_t r = 0; r < runs; ++r) {
-    int32_t sum = 0;
-    for (int64_t j = 0; j < kRun; ++j) sum += q[r * kRun + j];
-    out[r] = sx[r] * static_cast<float>(-8 * sum);
-  }
-}
-
 // ---- scalar product ----------------------------------------------------------------------------
 
 void gemv_scalar(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float* y, int64_t ldy) {
@@ -339,9 +329,11 @@ void quantize_x(const float* x, int64_t m, int64_t k, int bits, XInt8* out, Isa 
   for (int64_t i = 0; i < m; ++i) {
     int8_t* q = out->q.data() + i * k;
     float* sx = out->scale.data() + i * runs;
-    if (!has_avx512(isa)) {
+    if (isa == Isa::kAvx2) {
+      quantize_runs_avx2(x + i * k, runs, q, sx,
+                         avx2_offsets ? reinterpret_cast<float*>(const_cast<uint8_t*>(out->row(i))) : nullptr);
+    } else if (!has_avx512(isa)) {
       quantize_runs_scalar(x + i * k, runs, q, sx);
-      if (avx2_offsets) run_offsets(q, sx, runs, reinterpret_cast<float*>(const_cast<uint8_t*>(out->row(i))));
     } else {
       quantize_runs_avx512(x + i * k, runs, q, sx);
       pack_row(q, sx, k, bits, const_cast<uint8_t*>(out->row(i)));
