@@ -545,6 +545,24 @@ def x_int8_cases() -> None:
     for dtype in ("bfloat16", "float16"):
         check_x_int8(rng, 2, 256, 19, dtype, 4, 32, True, True)
         check_x_int8(rng, 5, 160, 19, dtype, 8, -1, False, False)
+    check_x_int8_extremes()
+
+
+def check_x_int8_extremes() -> None:
+    """8-bit codes at -128 (a GGUF Q8_0 block may hold one) and +-127 against x codes at +-127,
+    same and opposite signs: the largest integer products, which an int16 pair must hold."""
+    k, n = 128, 4
+    q = np.full((n, k), -128, dtype=np.int8)
+    q[1] = 127
+    q[2, ::2], q[2, 1::2] = -128, 127
+    q[3] = -127
+    scales = np.full((n, 1), 0.5, dtype=np.float32)
+    x = np.ones((2, k), dtype=np.float32)
+    x[1, 1::2] = -1.0  # codes +-127: each run's absmax is 1
+    y = empty((2, n), "float32")
+    kernel("weight_only_linear").run_host([x, q, scales], [y], [8, -1, 0, 1])
+    want, bound = x_int8_ref(x.astype(np.float64), q, scales, None, None)
+    check_error(y.astype(np.float64), want, bound, "float32", "x_int8 extreme 8-bit codes")
 
 
 @pytest.mark.parametrize("isa", isa_params("scalar", "avx2", "avx512"))

@@ -8,11 +8,10 @@
 // other group sizes dequantize each row first.
 //
 // int8 x: integer products with vpmaddubsw / vpmaddwd, each dword lane of a product summing four
-// (4 bits) or two (8 bits) consecutive k of one run of 32; the lanes summed in float times each
+// consecutive k of one run of 32; the lanes summed in float times each
 // run's sx over a group, then times the group's scale. 4 bits: the codes (q + 8, unsigned) times
 // x (signed), the +8's share of each run (sx * -8 * the sum of its x codes, from quantize_x)
-// added once per group; 8 bits: both sides widened to int16 (vpmaddubsw would saturate on
-// 8-bit weights).
+// added once per group; 8 bits: |w| times x with w's sign.
 #include <algorithm>
 #include <vector>
 
@@ -188,15 +187,14 @@ QUANT_AVX2_INLINE __m256i dot4(__m256i codes, const int8_t* xq) {
   return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
 }
 
-// 8 lane sums of 32 signed weights times 32 x codes, through int16.
+// 8 lane sums of 32 signed weights times 32 x codes: |w| (unsigned, 128 for -128) times x with
+// w's sign (x never -128), so each int16 pair is at most 2 * 128 * 127 and vpmaddubsw cannot
+// saturate.
 QUANT_AVX2_INLINE __m256i dot8(const uint8_t* wq, const int8_t* xq) {
   const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq));
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
-  const __m256i a = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(w)),
-                                      _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)));
-  const __m256i b = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1)),
-                                      _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1)));
-  return _mm256_add_epi32(a, b);
+  const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(v, w));
+  return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
 }
 
 // sum[i][r] += float(lane sums s[i]) * sx of run `run` of row i0 + i.
