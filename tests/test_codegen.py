@@ -373,9 +373,9 @@ def test_softmax_and_grad(npu, kernels, dtype):
 def test_large_row_outputs_stream_out_unchanged(npu, kernels, dtype, cols):
     """Row kernels whose outputs pass 8 MiB write their rows with non-temporal stores (RMSNorm
     block by block, where a block is aligned; softmax through a buffer): rows of an odd length
-    (none 64-byte aligned but the first) and of whole 64-element blocks (reduced as four
-    quarters side by side), two outputs of different dtypes (rms_norm's y and float32 inv_rms;
-    softmax's one), against the reference."""
+    (none 64-byte aligned but the first) and of whole 64-element blocks (reduced as four quarters,
+    side by side or one after another as the target walks them), two outputs of different dtypes
+    (rms_norm's y and float32 inv_rms; softmax's one), against the reference."""
     rng = np.random.default_rng(12)
     shape = (2100 if dtype == "float32" else 4100) * 2051 // cols + 1, cols  # over 8 MiB of y
     x, xv = stored(rng.standard_normal(shape), dtype)

@@ -324,9 +324,10 @@ def _reductions(kernel: ir.Rows) -> list[list[ir.Reduce]]:
 # 64-element blocks (len % 64 == 0) each quarter of it has its own 16 (element c of quarter qt
 # into partial [qt][c % 16]), otherwise there is one quarter, the row; combined lane by lane in
 # quarter order, then lane after lane. Quarters let the pipelined path walk a row as four
-# interleaved streams, which keep more DRAM banks busy than one, as the hand-written kernel does
-# (bench_codegen's RMSNorm [4096, 4096] from DRAM: 1.17-1.25x -> 1.10-1.12x the hand-written
-# kernel's time). The plain path sums each quarter into a local 16 and folds them in the same
+# interleaved streams, which keep more DRAM banks busy than one on the Xeon where it was
+# measured (bench_codegen's RMSNorm [4096, 4096] from DRAM: 1.17-1.25x -> 1.10-1.12x the
+# hand-written kernel's time; elsewhere it walks them one after another, acg::kQuartersSideBySide
+# in the prelude). The plain path sums each quarter into a local 16 and folds them in the same
 # order (render_rows), so that the two paths' sums are the same.
 def _partials_reset(names: dict, indent: str) -> list[str]:
     return [f"{indent}for (int qt = 0; qt < 4; ++qt) for (int j = 0; j < 16; ++j) {nm}_p[qt][j] = "
@@ -608,8 +609,12 @@ def _pipelined(kernel: ir.Rows) -> list[str]:
                 out.append(f"          t{k}[j] = {value};" if guard is None
                            else f"          if ({guard}) q{k}[c{k} + c] = {value};")
             return out + _partials_fold(first, names, "          ", guard)
-        return ["      for (int64_t off = 0; off < qlen; off += 16) {",
-                "       for (int64_t qt = 0; qt < quarters; ++qt) {  // the quarters side by side",
+        # The quarters side by side (blocks `off` of each in turn) or one after another: two
+        # loops whose roles swap with acg::kQuartersSideBySide (a constant).
+        return ["      constexpr bool side = acg::kQuartersSideBySide;",
+                "      for (int64_t a = 0; a < (side ? qlen : quarters); a += side ? 16 : 1) {",
+                "       for (int64_t b = 0; b < (side ? quarters : qlen); b += side ? 1 : 16) {",
+                "        const int64_t qt = side ? b : a, off = side ? a : b;",
                 "        const int64_t cb = qt * qlen + off, end = (qt + 1) * qlen;",
                 "        if (quarters == 4 || cb + 16 <= end) {  // (whole quarters are whole blocks)",
                 *[f"          alignas(64) {_ctype(o.dtype, k)} t{k}[16];" for k, o in outputs],
