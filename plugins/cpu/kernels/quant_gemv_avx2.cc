@@ -99,11 +99,17 @@ QUANT_AVX2 void tile4(const QWeight& w, const float* x, int64_t n, float* y, int
   for (int i = 0; i < MR; ++i)
     for (int r = 0; r < NR; ++r) acc[i][r] = lo[i][r] = hi[i][r] = _mm256_setzero_ps();
   if (kHalves) {
+    // The group of the current half and the halves left in it, counted rather than divided out
+    // (two integer divisions per block were a tenth of a decode step on GGUF's groups of 32).
+    const int64_t group_halves = w.group / 32;
+    int64_t g = 0, left = group_halves;
     for (int64_t b = 0; b < w.k / 64; ++b) {
       if ((b & 1) == 0) rows.prefetch(32 * b);
       for (int h = 0; h < 4; ++h) step4<MR, NR>(lo, hi, rows, x, w.k, b, h);
-      close_group<MR, NR>(acc, lo, rows, 64 * b / w.group);
-      close_group<MR, NR>(acc, hi, rows, (64 * b + 32) / w.group);
+      close_group<MR, NR>(acc, lo, rows, g);
+      if (--left == 0) ++g, left = group_halves;
+      close_group<MR, NR>(acc, hi, rows, g);
+      if (--left == 0) ++g, left = group_halves;
     }
   } else {
     const int64_t blocks_per_group = w.group / 64;
@@ -205,67 +211,105 @@ QUANT_AVX2_INLINE void add_run(__m256 (&sum)[MR][NR], int r, const __m256i (&s)[
     sum[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]), _mm256_broadcast_ss(sx[i] + run), sum[i][r]);
 }
 
-// Rows n .. n + NR - 1 of W against rows i0 .. i0 + MR - 1 of x, a run of 32 k at a time (4
-// bits: runs 2b and 2b + 1 are the low and high nibbles of block b): each group's runs summed
-// times their sx, then times the group's scale. 4 bits: group_offset[i * groups + g] is the
-// +8's share of group g of x row i (group_offsets).
-template <int MR, int NR>
-QUANT_AVX2 void tile_int8x(const QWeight& w, const XInt8& x, const float* group_offset, int64_t i0, int64_t n,
-                           float* y, int64_t ldy) {
+// The rows i0 .. i0 + MR - 1 of x that a tile meets: their codes and their runs' sx.
+template <int MR>
+struct XRows {
+  const int8_t* q[MR];
+  const float* sx[MR];
+
+  XRows(const QWeight& w, const XInt8& x, int64_t i0) {
+    for (int i = 0; i < MR; ++i) {
+      q[i] = x.q.data() + (i0 + i) * w.k;
+      sx[i] = x.scale.data() + (i0 + i) * (w.k / XInt8::kRun);
+    }
+  }
+};
+
+// Which group a 4-bit tile's runs are in, counted as they go (groups of an odd number of runs end
+// mid-block; dividing it out took two integer divisions per block).
+struct Groups {
+  int64_t group_runs, g = 0, left = group_runs;  // the current group, and its runs still to come
+
+  // After `runs` runs: where they end their group, the group's +8 share (offsets[i * groups +
+  // g], see group_offsets) added to lane 0 of its sums, and the sums times the group's scale.
+  template <int MR, int NR>
+  QUANT_AVX2_INLINE void runs_done(int64_t runs, __m256 (&acc)[MR][NR], __m256 (&sum)[MR][NR], const Rows<NR>& rows,
+                                   const float* offsets, int64_t groups) {
+    if ((left -= runs) != 0) return;
+    for (int i = 0; i < MR; ++i) {
+      const __m256 lane0 = _mm256_setr_ps(offsets[i * groups + g], 0, 0, 0, 0, 0, 0, 0);
+      for (int r = 0; r < NR; ++r) sum[i][r] = _mm256_add_ps(sum[i][r], lane0);
+    }
+    close_group<MR, NR>(acc, sum, rows, g);
+    ++g, left = group_runs;
+  }
+};
+
+// Rows n .. n + NR - 1 of 4-bit W against rows i0 .. i0 + MR - 1 of x, a block (runs 2b and
+// 2b + 1, the low and the high nibbles) at a time: each run's lane sums times its sx added to
+// its group's sums, closed where the run ends the group (Groups). kOdd: groups of an odd number
+// of runs, which may end after a block's low nibbles (a branchy run-by-run loop for those made
+// GGUF's groups of 32 slower with int8 x than with float x); otherwise a group ends only after
+// a block's high nibbles, and each row's block is taken whole.
+template <int MR, int NR, bool kOdd>
+QUANT_AVX2 void tile_int8x4(const QWeight& w, const XInt8& x, const float* group_offset, int64_t i0, int64_t n,
+                            float* y, int64_t ldy) {
   const Rows<NR> rows(w, n);
+  const XRows<MR> xr(w, x, i0);
   __m256 acc[MR][NR], sum[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int r = 0; r < NR; ++r) acc[i][r] = sum[i][r] = _mm256_setzero_ps();
-  const int64_t runs = w.k / XInt8::kRun, group_runs = w.group / XInt8::kRun;
-  const int8_t* xq[MR];
-  const float* sx[MR];
-  for (int i = 0; i < MR; ++i) {
-    xq[i] = x.q.data() + (i0 + i) * w.k;
-    sx[i] = x.scale.data() + (i0 + i) * runs;
-  }
+  const int64_t group_runs = w.group / XInt8::kRun;
   const __m256i low4 = _mm256_set1_epi8(15);
-  for (int64_t g = 0; g < w.groups; ++g) {
-    const int64_t r0 = g * group_runs, r1 = r0 + group_runs;
-    if (w.bits == 4 && group_runs % 2 == 0) {
-      for (int64_t run = r0; run < r1; run += 2) {
-        const int64_t k = run * XInt8::kRun;
-        if ((run & 3) == 0) rows.prefetch(k / 2);
-        for (int r = 0; r < NR; ++r) {
-          const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows.row[r] + k / 2));
-          const __m256i lo = _mm256_and_si256(b, low4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low4);
-          __m256i s0[MR], s1[MR];
-          for (int i = 0; i < MR; ++i) {
-            s0[i] = dot4(lo, xq[i] + k);
-            s1[i] = dot4(hi, xq[i] + k + XInt8::kRun);
-          }
-          add_run<MR, NR>(sum, r, s0, sx, run);
-          add_run<MR, NR>(sum, r, s1, sx, run + 1);
-        }
-      }
-    } else {
-      // 8 bits, or 4-bit groups of an odd number of runs, whose blocks straddle groups: the
-      // low or the high nibbles of a block, run by run.
-      for (int64_t run = r0; run < r1; ++run) {
-        const int64_t k = run * XInt8::kRun;
-        if ((run & 1) == 0) rows.prefetch(w.bits == 4 ? k / 2 : k);
-        for (int r = 0; r < NR; ++r) {
-          __m256i s[MR];
-          if (w.bits == 4) {
-            const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows.row[r] + k / 64 * 32));
-            const __m256i codes = _mm256_and_si256((run & 1) ? _mm256_srli_epi16(b, 4) : b, low4);
-            for (int i = 0; i < MR; ++i) s[i] = dot4(codes, xq[i] + k);
-          } else {
-            for (int i = 0; i < MR; ++i) s[i] = dot8(rows.row[r] + k, xq[i] + k);
-          }
-          add_run<MR, NR>(sum, r, s, sx, run);
-        }
+  Groups groups{group_runs};
+  const float* offsets = group_offset + i0 * w.groups;
+  for (int64_t blk = 0; blk < w.k / 64; ++blk) {
+    const int64_t k = 64 * blk;
+    if ((blk & 1) == 0) rows.prefetch(32 * blk);
+    __m256i b[NR];
+    for (int r = 0; r < NR; ++r) {
+      b[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows.row[r] + 32 * blk));
+      __m256i s[MR];
+      for (int i = 0; i < MR; ++i) s[i] = dot4(_mm256_and_si256(b[r], low4), xr.q[i] + k);
+      add_run<MR, NR>(sum, r, s, xr.sx, 2 * blk);
+      if (kOdd) continue;
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b[r], 4), low4);
+      for (int i = 0; i < MR; ++i) s[i] = dot4(hi, xr.q[i] + k + XInt8::kRun);
+      add_run<MR, NR>(sum, r, s, xr.sx, 2 * blk + 1);
+    }
+    if (kOdd) {
+      groups.runs_done<MR, NR>(1, acc, sum, rows, offsets, w.groups);
+      for (int r = 0; r < NR; ++r) {
+        __m256i s[MR];
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b[r], 4), low4);
+        for (int i = 0; i < MR; ++i) s[i] = dot4(hi, xr.q[i] + k + XInt8::kRun);
+        add_run<MR, NR>(sum, r, s, xr.sx, 2 * blk + 1);
       }
     }
-    if (w.bits == 4)
-      for (int i = 0; i < MR; ++i) {
-        const __m256 lane0 = _mm256_setr_ps(group_offset[(i0 + i) * w.groups + g], 0, 0, 0, 0, 0, 0, 0);
-        for (int r = 0; r < NR; ++r) sum[i][r] = _mm256_add_ps(sum[i][r], lane0);
+    groups.runs_done<MR, NR>(kOdd ? 1 : 2, acc, sum, rows, offsets, w.groups);
+  }
+  store_sums<MR, NR>(acc, n, y + i0 * ldy, ldy);
+}
+
+// The same for 8-bit W, a run at a time.
+template <int MR, int NR>
+QUANT_AVX2 void tile_int8x8(const QWeight& w, const XInt8& x, int64_t i0, int64_t n, float* y, int64_t ldy) {
+  const Rows<NR> rows(w, n);
+  const XRows<MR> xr(w, x, i0);
+  __m256 acc[MR][NR], sum[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int r = 0; r < NR; ++r) acc[i][r] = sum[i][r] = _mm256_setzero_ps();
+  const int64_t group_runs = w.group / XInt8::kRun;
+  for (int64_t g = 0; g < w.groups; ++g) {
+    for (int64_t run = g * group_runs; run < (g + 1) * group_runs; ++run) {
+      const int64_t k = run * XInt8::kRun;
+      if ((run & 1) == 0) rows.prefetch(k);
+      for (int r = 0; r < NR; ++r) {
+        __m256i s[MR];
+        for (int i = 0; i < MR; ++i) s[i] = dot8(rows.row[r] + k, xr.q[i] + k);
+        add_run<MR, NR>(sum, r, s, xr.sx, run);
       }
+    }
     close_group<MR, NR>(acc, sum, rows, g);
   }
   store_sums<MR, NR>(acc, n, y + i0 * ldy, ldy);
@@ -275,8 +319,16 @@ template <int MR, int NR>
 void rows_int8x(const QWeight& w, const XInt8& x, const float* group_offset, int64_t i0, int64_t n0, int64_t n1,
                 float* y, int64_t ldy) {
   int64_t n = n0;
-  for (; n + NR <= n1; n += NR) tile_int8x<MR, NR>(w, x, group_offset, i0, n, y, ldy);
-  for (; n < n1; ++n) tile_int8x<MR, 1>(w, x, group_offset, i0, n, y, ldy);
+  if (w.bits == 4 && w.group / XInt8::kRun % 2 != 0) {
+    for (; n + NR <= n1; n += NR) tile_int8x4<MR, NR, true>(w, x, group_offset, i0, n, y, ldy);
+    for (; n < n1; ++n) tile_int8x4<MR, 1, true>(w, x, group_offset, i0, n, y, ldy);
+  } else if (w.bits == 4) {
+    for (; n + NR <= n1; n += NR) tile_int8x4<MR, NR, false>(w, x, group_offset, i0, n, y, ldy);
+    for (; n < n1; ++n) tile_int8x4<MR, 1, false>(w, x, group_offset, i0, n, y, ldy);
+  } else {
+    for (; n + NR <= n1; n += NR) tile_int8x8<MR, NR>(w, x, i0, n, y, ldy);
+    for (; n < n1; ++n) tile_int8x8<MR, 1>(w, x, i0, n, y, ldy);
+  }
 }
 
 // 4 bits: the +8's share of each group of each row of x, [m][groups], from each run's
