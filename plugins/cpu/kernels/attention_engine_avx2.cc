@@ -19,10 +19,7 @@ namespace {
 // 2^x for x <= 0 (scores less the row max, in log2 units; -inf gives 0): elementwise_avx2.h's e^x.
 inline __m256 exp2_8(__m256 x) { return avx2::exp8(_mm256_mul_ps(x, _mm256_set1_ps(kLn2))); }
 
-// Lanes [0, k) of 8: a tile's or a row's end.
-inline __m256i lanes8(int k) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
+using avx2::lanes8;
 
 // Rows r0 .. r0 + R - 1 (R <= 4) of the scores against 16 keys from j0: R x 2 accumulators, each
 // key vector loaded once for all R rows.
