@@ -102,7 +102,7 @@ ANYCHIP_AVX2 void block_avx2(const Keys<T>& kv, int64_t j0, int64_t j1, const fl
   if (j < len) {
     const __m256 p = avx2::exp8(_mm256_sub_ps(avx2::load_first(scores + j, len - j), _mm256_set1_ps(m)));
     avx2::store_first(scores + j, p, len - j);
-    total = _mm256_add_ps(total, _mm256_and_ps(p, _mm256_castsi256_ps(avx2::lanes8(len - j))));
+    total = _mm256_add_ps(total, _mm256_and_ps(p, _mm256_castsi256_ps(avx2::lanes8(static_cast<int>(len - j)))));
   }
   const float sum = avx2::sum8(total);
   for (int64_t t0 = 0; t0 < d8; t0 += 64) {

@@ -3,9 +3,6 @@
 // maximum of a vector's 8 lanes, and a mask of its first lanes.
 #pragma once
 
-#include <algorithm>
-#include <cstdint>
-
 // GCC 12 reports the intrinsics' own `__Y = __Y` placeholders as uninitialised (PR 105593).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -32,9 +29,8 @@ ANYCHIP_AVX2 inline float max8(__m256 v) {
 }
 
 // Lanes [0, k) of 8 set: a row's or a tile's end.
-ANYCHIP_AVX2 inline __m256i lanes8(int64_t k) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(k, 8))),
-                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+ANYCHIP_AVX2 inline __m256i lanes8(int k) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
 }  // namespace anychip::cpu::avx2
