@@ -211,6 +211,12 @@ QUANT_AVX2_INLINE void add_run(__m256 (&sum)[MR][NR], int r, const __m256i (&s)[
     sum[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]), _mm256_broadcast_ss(sx[i] + run), sum[i][r]);
 }
 
+template <int MR, int NR>
+QUANT_AVX2_INLINE void zero(__m256 (&acc)[MR][NR], __m256 (&sum)[MR][NR]) {
+  for (int i = 0; i < MR; ++i)
+    for (int r = 0; r < NR; ++r) acc[i][r] = sum[i][r] = _mm256_setzero_ps();
+}
+
 // The rows i0 .. i0 + MR - 1 of x that a tile meets: their codes and their runs' sx.
 template <int MR>
 struct XRows {
@@ -245,6 +251,15 @@ struct Groups {
   }
 };
 
+// sum[i][r] += the high nibbles of row r's block `blk` (run 2 blk + 1) against x row i.
+template <int MR, int NR>
+QUANT_AVX2_INLINE void add_high(__m256 (&sum)[MR][NR], int r, __m256i block, const XRows<MR>& xr, int64_t blk) {
+  const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(block, 4), _mm256_set1_epi8(15));
+  __m256i s[MR];
+  for (int i = 0; i < MR; ++i) s[i] = dot4(hi, xr.q[i] + 64 * blk + XInt8::kRun);
+  add_run<MR, NR>(sum, r, s, xr.sx, 2 * blk + 1);
+}
+
 // Rows n .. n + NR - 1 of 4-bit W against rows i0 .. i0 + MR - 1 of x, a block (runs 2b and
 // 2b + 1, the low and the high nibbles) at a time: each run's lane sums times its sx added to
 // its group's sums, closed where the run ends the group (Groups). kOdd: groups of an odd number
@@ -257,8 +272,7 @@ QUANT_AVX2 void tile_int8x4(const QWeight& w, const XInt8& x, const float* group
   const Rows<NR> rows(w, n);
   const XRows<MR> xr(w, x, i0);
   __m256 acc[MR][NR], sum[MR][NR];
-  for (int i = 0; i < MR; ++i)
-    for (int r = 0; r < NR; ++r) acc[i][r] = sum[i][r] = _mm256_setzero_ps();
+  zero(acc, sum);
   const int64_t group_runs = w.group / XInt8::kRun;
   const __m256i low4 = _mm256_set1_epi8(15);
   Groups groups{group_runs};
@@ -272,19 +286,11 @@ QUANT_AVX2 void tile_int8x4(const QWeight& w, const XInt8& x, const float* group
       __m256i s[MR];
       for (int i = 0; i < MR; ++i) s[i] = dot4(_mm256_and_si256(b[r], low4), xr.q[i] + k);
       add_run<MR, NR>(sum, r, s, xr.sx, 2 * blk);
-      if (kOdd) continue;
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b[r], 4), low4);
-      for (int i = 0; i < MR; ++i) s[i] = dot4(hi, xr.q[i] + k + XInt8::kRun);
-      add_run<MR, NR>(sum, r, s, xr.sx, 2 * blk + 1);
+      if (!kOdd) add_high<MR, NR>(sum, r, b[r], xr, blk);
     }
     if (kOdd) {
       groups.runs_done<MR, NR>(1, acc, sum, rows, offsets, w.groups);
-      for (int r = 0; r < NR; ++r) {
-        __m256i s[MR];
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b[r], 4), low4);
-        for (int i = 0; i < MR; ++i) s[i] = dot4(hi, xr.q[i] + k + XInt8::kRun);
-        add_run<MR, NR>(sum, r, s, xr.sx, 2 * blk + 1);
-      }
+      for (int r = 0; r < NR; ++r) add_high<MR, NR>(sum, r, b[r], xr, blk);
     }
     groups.runs_done<MR, NR>(kOdd ? 1 : 2, acc, sum, rows, offsets, w.groups);
   }
@@ -297,8 +303,7 @@ QUANT_AVX2 void tile_int8x8(const QWeight& w, const XInt8& x, int64_t i0, int64_
   const Rows<NR> rows(w, n);
   const XRows<MR> xr(w, x, i0);
   __m256 acc[MR][NR], sum[MR][NR];
-  for (int i = 0; i < MR; ++i)
-    for (int r = 0; r < NR; ++r) acc[i][r] = sum[i][r] = _mm256_setzero_ps();
+  zero(acc, sum);
   const int64_t group_runs = w.group / XInt8::kRun;
   for (int64_t g = 0; g < w.groups; ++g) {
     for (int64_t run = g * group_runs; run < (g + 1) * group_runs; ++run) {
