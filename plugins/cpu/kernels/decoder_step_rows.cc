@@ -1,5 +1,4 @@
 // The decode step's row operations: RMSNorm, RoPE and SwiGLU on one token's vectors.
-#include <algorithm>
 #include <cmath>
 
 #include "decoder_step.h"
@@ -33,39 +32,26 @@ ANYCHIP_AVX512 void swiglu_avx512(const float* gate, const float* up, int64_t n,
   }
 }
 
-// The AVX2 twins: 8 lanes, the last n % 8 through load_first / store_first. f(i, k) takes the
-// elements [i, i + k) of a row of n, k = 8 but at the end.
-template <typename F>
-ANYCHIP_AVX2 inline void by8(int64_t n, F&& f) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) f(i, int64_t{8});
-  if (i < n) f(i, n - i);
-}
-ANYCHIP_AVX2 inline __m256 load(const float* p, int64_t k) {
-  return k == 8 ? _mm256_loadu_ps(p) : avx2::load_first(p, k);
-}
-ANYCHIP_AVX2 inline void store(float* p, __m256 v, int64_t k) {
-  k == 8 ? _mm256_storeu_ps(p, v) : avx2::store_first(p, v, k);
-}
-
+// The AVX2 twins, on elementwise_avx2.h's for8 (the row's last n % 8 through io's partial
+// loads and stores).
 ANYCHIP_AVX2 void rms_norm_avx2(const float* h, const float* weight, int64_t c, float eps, float* y) {
   __m256 ss = _mm256_setzero_ps();
-  by8(c, [&](int64_t i, int64_t k) ANYCHIP_AVX2 {
-    const __m256 v = load(h + i, k);
+  avx2::for8<false>(h, c, [&](int64_t i, auto io) ANYCHIP_AVX2 {
+    const __m256 v = io.load(h + i);
     ss = _mm256_fmadd_ps(v, v, ss);
   });
   const __m256 inv = _mm256_set1_ps(1.0f / std::sqrt(avx2::sum8(ss) / static_cast<float>(c) + eps));
-  by8(c, [&](int64_t i, int64_t k) ANYCHIP_AVX2 {
-    store(y + i, _mm256_mul_ps(_mm256_mul_ps(load(h + i, k), inv), load(weight + i, k)), k);
+  avx2::for8<false>(y, c, [&](int64_t i, auto io) ANYCHIP_AVX2 {
+    io.store(y + i, _mm256_mul_ps(_mm256_mul_ps(io.load(h + i), inv), io.load(weight + i)));
   });
 }
 
 ANYCHIP_AVX2 void swiglu_avx2(const float* gate, const float* up, int64_t n, float* y) {
   const __m256 one = _mm256_set1_ps(1.0f);
-  by8(n, [&](int64_t i, int64_t k) ANYCHIP_AVX2 {
-    const __m256 g = load(gate + i, k);
+  avx2::for8<false>(y, n, [&](int64_t i, auto io) ANYCHIP_AVX2 {
+    const __m256 g = io.load(gate + i);
     const __m256 s = _mm256_div_ps(one, _mm256_add_ps(one, avx2::exp8(_mm256_sub_ps(_mm256_setzero_ps(), g))));
-    store(y + i, _mm256_mul_ps(_mm256_mul_ps(g, s), load(up + i, k)), k);
+    io.store(y + i, _mm256_mul_ps(_mm256_mul_ps(g, s), io.load(up + i)));
   });
 }
 
