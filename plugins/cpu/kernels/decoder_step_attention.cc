@@ -59,8 +59,8 @@ ANYCHIP_AVX2 inline __m256 sum8x8(const __m256 (&a)[8]) {
 }
 
 // scores[j, j + 8) = scale q . k_j for the keys j0 + j, j + 1, ... below j1: eight dot products
-// side by side (one key at a time waited on its own FMA chain: a third of the step's attention
-// time on SmolLM2), summed across lanes together; the last d % 8 columns added one by one.
+// side by side (one key at a time, each score waited on its own chain of d / 8 FMAs), summed
+// across lanes together; the last d % 8 columns added one by one.
 template <typename T>
 ANYCHIP_AVX2 inline void scores8(const Keys<T>& kv, int64_t j, int64_t j1, const float* q, int64_t d, float scale,
                                  float* scores) {

@@ -10,10 +10,10 @@
 // times 16 rows of x, straight from memory. Every batch size, one row included, takes the same
 // path, so that a sequence's logits do not depend on what else is decoding.
 //
-// Float32 W (and bfloat16 W without AMX) is streamed once: a tile of four rows of W meets up to four rows of x at a time, the
-// tile staying in L1 while further rows of x pass. Every (x row, W row) pair sums its products
-// in one vector accumulator in k order, whatever the tile, so results do not depend on where
-// the caller cuts the rows.
+// Float32 W (and bfloat16 W without AMX) is streamed once: a tile of four rows of W meets up to
+// four rows of x at a time, the tile staying in L1 while further rows of x pass. Every (x row,
+// W row) pair sums its products in one vector accumulator in k order, whatever the tile, so
+// results do not depend on where the caller cuts the rows.
 #include <algorithm>
 
 #include "decoder_step.h"
