@@ -1,13 +1,15 @@
 // The AVX2 attention engine: attention_engine_portable.h compiled for AVX2 + FMA, with the steps
-// that take the time written for it (scores, softmax and pv; the backward's grad_scores,
-// accum_keys and accum_rows). The portable loops left the compiler little to work with there:
-// scores reloaded every key vector for each query row, pv loaded and stored its accumulator row
-// for every key (it cannot know acc and v do not overlap), and softmax called libm's exp2f once
-// per score. Here each key (or value) vector serves 4 (2) query rows from registers. GCC 12 keeps
-// such accumulator arrays in registers only when the loops over them are unrolled (hence the
-// pragmas; without them it stored all 8 to the stack on every key). Causal GQA fp32 [2048, 9/3
-// heads, 64] on 2 Zen 3 vCPUs: 170 -> 50-60 ms (PyTorch's scaled_dot_product_attention: 45-68 ms
-// in the same runs), 2026-12-01.
+// that take the time written for it (key packing, scores, softmax and pv; the backward's
+// grad_scores, accum_keys and accum_rows). The portable loops left the compiler little to work
+// with there: scores reloaded every key vector for each query row, pv loaded and stored its
+// accumulator row for every key (it cannot know acc and v do not overlap), softmax called libm's
+// exp2f once per score, and keys were transposed one element at a time. Here each key vector
+// serves 4 query rows and each value vector 6 from registers. GCC 12 keeps such accumulator
+// arrays in registers only when the loops over them are unrolled (hence the pragmas; without
+// them it stored them all to the stack on every key). Causal GQA fp32 [2048, 9/3 heads, 64] on
+// 2 Zen 3 vCPUs: 170 -> 50-60 ms with the register blocking, then 54-65 -> 36-47 ms with the
+// 8x8 key transposes, the short exp2, eight softmax rows at a time and 6-row pv blocks
+// (PyTorch's scaled_dot_product_attention: 52-60 ms on the same machine), 2026-12-01.
 #pragma GCC target("avx2,fma,f16c")  // as ANYCHIP_AVX2, so that its helpers inline here
 
 #include "attention_engine_portable.h"
@@ -16,10 +18,108 @@
 namespace anychip::cpu::attn {
 namespace {
 
-// 2^x for x <= 0 (scores less the row max, in log2 units; -inf gives 0): elementwise_avx2.h's e^x.
-inline __m256 exp2_8(__m256 x) { return avx2::exp8(_mm256_mul_ps(x, _mm256_set1_ps(kLn2))); }
+// 2^x for x <= 0 (scores less the row max, in log2 units), relative error below 2e-7: 2^k as
+// exponent bits times a degree-6 polynomial for 2^f, f = x - k in [-0.5, 0.5] (coefficients fitted
+// to the relative error at Chebyshev nodes, 2e-9 in exact arithmetic). Below 2^-126.5 it gives 0,
+// as -inf must (k = -127 makes the scale 0); NaN stays NaN. Half the instructions of
+// elementwise_avx2.h's general e^x, which softmax spent a sixth of the tile's time in.
+inline __m256 exp2_8(__m256 x) {
+  x = _mm256_max_ps(_mm256_set1_ps(-127.0f), x);  // NaN: max returns x
+  const __m256i ki = _mm256_cvtps_epi32(x);      // round to nearest
+  const __m256 f = _mm256_sub_ps(x, _mm256_cvtepi32_ps(ki));
+  __m256 p = _mm256_set1_ps(1.5370705e-4f);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3399848e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6183736e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5503290e-2f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022648e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(ki, _mm256_set1_epi32(127)), 23));
+  return _mm256_mul_ps(p, scale);
+}
 
 using avx2::lanes8;
+
+// In-register transpose of an 8x8 block of 32-bit lanes.
+inline void transpose8(__m256 r[8]) {
+  __m256 t[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    r[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    r[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xee);
+    r[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    r[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xee);
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
+    t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
+  }
+  for (int i = 0; i < 8; ++i) r[i] = t[i];
+}
+
+// Columns [c, c + 8) of a row as float32, those past d 0 (nothing past the row is read).
+template <typename T>
+inline __m256 load_columns(const T* row, int c, int d) {
+  if (c + 8 <= d) return avx2::load8(row + c);
+  return c < d ? avx2::load_first(row + c, d - c) : _mm256_setzero_ps();
+}
+
+// The key pack: keys [n][d] transposed to [d][kKeyTile] by 8x8 blocks (keys n.. zero). The
+// portable element-by-element copy took a tenth of a causal tile's time.
+template <typename T>
+void pack_k_avx2(const void* x, int64_t ld, int n, int d, void* kp) {
+  const T* src = static_cast<const T*>(x);
+  float* xt = static_cast<float*>(kp);
+  for (int k0 = 0; k0 < kKeyTile; k0 += 8)
+    for (int c0 = 0; c0 < d; c0 += 8) {
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i) r[i] = k0 + i < n ? load_columns(src + (k0 + i) * ld, c0, d) : _mm256_setzero_ps();
+      transpose8(r);
+      for (int i = 0; i < 8 && c0 + i < d; ++i) _mm256_storeu_ps(xt + (c0 + i) * kKeyTile + k0, r[i]);
+    }
+}
+
+// The backward's key pack: pack_k's transposed keys, then the keys as rows [kKeyTile][Dp].
+template <typename T>
+void pack_keys_avx2(const void* x, int64_t ld, int n, int d, void* kp) {
+  pack_k_avx2<T>(x, ld, n, d, kp);
+  const int dp = dpad(d);
+  float* rows = static_cast<float*>(kp) + kKeyTile * dp;
+  const T* src = static_cast<const T*>(x);
+  for (int j = 0; j < kKeyTile; ++j)
+    for (int c = 0; c < dp; c += 8)
+      _mm256_storeu_ps(rows + j * dp + c, j < n ? load_columns(src + j * ld, c, d) : _mm256_setzero_ps());
+}
+
+// The q pack: M rows [Dp] as float32 (rows M..roundup(M, 32)-1 and columns d.. zero).
+template <typename T>
+void pack_q_avx2(const void* const* rows, int m, int d, void* qp) {
+  float* out = static_cast<float*>(qp);
+  const int dp = dpad(d);
+  for (int r = 0; r < round_up(m, 32); ++r)
+    for (int c = 0; c < dp; c += 8)
+      _mm256_storeu_ps(out + r * dp + c, r < m ? load_columns(static_cast<const T*>(rows[r]), c, d) : _mm256_setzero_ps());
+}
+
+// Values for pv: float32 ones in place, the others widened to float32 rows [n][Dp].
+template <typename T>
+const void* pack_v_avx2(const void* v, int64_t ld, int n, int d, void* vp, int64_t* ldv) {
+  if constexpr (std::is_same_v<T, float>) {
+    *ldv = ld;
+    return v;
+  } else {
+    const T* src = static_cast<const T*>(v);
+    float* out = static_cast<float*>(vp);
+    const int dp = dpad(d);
+    for (int j = 0; j < n; ++j)
+      for (int c = 0; c < d; c += 8) _mm256_storeu_ps(out + j * dp + c, load_columns(src + j * ld, c, d));
+    *ldv = dp;
+    return out;
+  }
+}
 
 // Rows r0 .. r0 + R - 1 (R <= 4) of the scores against 16 keys from j0: R x 2 accumulators, each
 // key vector loaded once for all R rows.
@@ -62,36 +162,52 @@ void scores_avx2(const void* xp, const void* kp, int m, int d, int n, float c, f
   }
 }
 
+// Rows go eight at a time: their maxima, rescale factors and sums as lanes of one vector, so
+// that the per-row scalar work (a libm exp2, two horizontal reductions) does not rival the 64
+// exponentials of the row.
 template <typename T>
 void softmax_avx2(const float* t, int m, float* mx, float* l, float* alpha, void* pv) {
   float* p = static_cast<float*>(pv);
-  for (int r = 0; r < m; ++r) {
-    const float* tr = t + r * kKeyTile;
-    __m256 vmax = _mm256_loadu_ps(tr);
-    for (int j = 8; j < kKeyTile; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(tr + j));
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    const float tmax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-    const float mnew = std::max(mx[r], tmax);
-    const float muse = mnew == -kInf ? 0.0f : mnew;
-    const float a = std::exp2(mx[r] - muse);
-    const __m256 vm = _mm256_set1_ps(muse);
-    __m256 sum = _mm256_setzero_ps();
-    for (int j = 0; j < kKeyTile; j += 8) {
-      const __m256 e = exp2_8(_mm256_sub_ps(_mm256_loadu_ps(tr + j), vm));
-      sum = _mm256_add_ps(sum, e);
-      // bf16 rounds the probabilities as operand_p<bf16> does; the other dtypes keep them
-      const __m256 operand = std::is_same_v<T, bf16> ? avx2::round8(static_cast<bf16*>(nullptr), e) : e;
-      _mm256_storeu_ps(p + r * kKeyTile + j, operand);
+  for (int r0 = 0; r0 < m; r0 += 8) {
+    const int rows = std::min(8, m - r0);
+    alignas(32) float top[8], use[8], sum[8];
+    for (int r = 0; r < 8; ++r) {
+      if (r >= rows) {
+        top[r] = -kInf;
+        continue;
+      }
+      const float* tr = t + (r0 + r) * kKeyTile;
+      __m256 vmax = _mm256_loadu_ps(tr);
+      for (int j = 8; j < kKeyTile; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(tr + j));
+      top[r] = avx2::max8(vmax);
     }
-    l[r] = l[r] * a + avx2::sum8(sum);
-    mx[r] = mnew;
-    alpha[r] = a;
+    const __m256i live = lanes8(rows);  // the lanes of rows < m: only they are read or written
+    const __m256 old = _mm256_maskload_ps(mx + r0, live);
+    const __m256 mnew = _mm256_max_ps(old, _mm256_load_ps(top));
+    const __m256 muse = _mm256_andnot_ps(_mm256_cmp_ps(mnew, _mm256_set1_ps(-kInf), _CMP_EQ_OQ), mnew);
+    _mm256_store_ps(use, muse);
+    for (int r = 0; r < rows; ++r) {
+      const float* tr = t + (r0 + r) * kKeyTile;
+      float* pr = p + (r0 + r) * kKeyTile;
+      const __m256 vm = _mm256_set1_ps(use[r]);
+      __m256 s = _mm256_setzero_ps();
+      for (int j = 0; j < kKeyTile; j += 8) {
+        const __m256 e = exp2_8(_mm256_sub_ps(_mm256_loadu_ps(tr + j), vm));
+        s = _mm256_add_ps(s, e);
+        // bf16 rounds the probabilities as operand_p<bf16> does; the other dtypes keep them
+        _mm256_storeu_ps(pr + j, std::is_same_v<T, bf16> ? avx2::round8(static_cast<bf16*>(nullptr), e) : e);
+      }
+      sum[r] = avx2::sum8(s);
+    }
+    const __m256 a = exp2_8(_mm256_sub_ps(old, muse));  // -inf (no visible key yet) gives 0
+    _mm256_maskstore_ps(l + r0, live, _mm256_fmadd_ps(_mm256_maskload_ps(l + r0, live), a, _mm256_load_ps(sum)));
+    _mm256_maskstore_ps(mx + r0, live, mnew);
+    _mm256_maskstore_ps(alpha + r0, live, a);
   }
 }
 
 // The products that add rows of a matrix to accumulator rows, pv's shape: for output rows
-// o = o0 .. o0 + R - 1 (R <= 2), acc[o] = acc[o] * alpha[o] (kScale; else no scaling) +
+// o = o0 .. o0 + R - 1 (R <= 6), acc[o] = acc[o] * alpha[o] (kScale; else no scaling) +
 // sum_{i < n} coef[o * SO + i * SI] v_i over columns [c0, c0 + 8 V), v_i at v + i * ldv. The
 // accumulators stay in registers over all n rows of v. kFull: every column is below d; else
 // lanes past d are masked, so that no load reaches past a row (float32 values are read in
@@ -140,20 +256,34 @@ inline void axpy_block(const float* coef, const float* v, int64_t ldv, int o0, i
     }
 }
 
+// Six output rows by 16 columns: 12 accumulators, so the two FMA pipes never wait on one
+// another's latency (2 rows by 32 columns, 8 accumulators, ran pv 25% slower on Zen 3).
+constexpr int kAxpyRows = 6, kAxpyVectors = 2;
+
 template <int SO, int SI, bool kScale, bool kFull>
 void axpy_columns(const float* coef, const float* v, int64_t ldv, int rows, int n, int c0, int d, const float* alpha,
                   float* acc, int dp) {
+  constexpr int V = kAxpyVectors;
   int o = 0;
-  for (; o + 2 <= rows; o += 2) axpy_block<SO, SI, kScale, 2, 4, kFull>(coef, v, ldv, o, n, c0, d, alpha, acc, dp);
-  if (o < rows) axpy_block<SO, SI, kScale, 1, 4, kFull>(coef, v, ldv, o, n, c0, d, alpha, acc, dp);
+  for (; o + kAxpyRows <= rows; o += kAxpyRows)
+    axpy_block<SO, SI, kScale, kAxpyRows, V, kFull>(coef, v, ldv, o, n, c0, d, alpha, acc, dp);
+  switch (rows - o) {
+    case 5: axpy_block<SO, SI, kScale, 5, V, kFull>(coef, v, ldv, o, n, c0, d, alpha, acc, dp); break;
+    case 4: axpy_block<SO, SI, kScale, 4, V, kFull>(coef, v, ldv, o, n, c0, d, alpha, acc, dp); break;
+    case 3: axpy_block<SO, SI, kScale, 3, V, kFull>(coef, v, ldv, o, n, c0, d, alpha, acc, dp); break;
+    case 2: axpy_block<SO, SI, kScale, 2, V, kFull>(coef, v, ldv, o, n, c0, d, alpha, acc, dp); break;
+    case 1: axpy_block<SO, SI, kScale, 1, V, kFull>(coef, v, ldv, o, n, c0, d, alpha, acc, dp); break;
+    default: break;
+  }
 }
 
-// axpy_block over output rows [0, rows) and all d columns, 32 at a time.
+// axpy_block over output rows [0, rows) and all d columns, 16 at a time.
 template <int SO, int SI, bool kScale>
 void axpy(const float* coef, const float* v, int64_t ldv, int rows, int n, int d, const float* alpha, float* acc) {
   const int dp = dpad(d);
-  for (int c0 = 0; c0 < d; c0 += 32) {
-    if (c0 + 32 <= d) {
+  constexpr int W = 8 * kAxpyVectors;
+  for (int c0 = 0; c0 < d; c0 += W) {
+    if (c0 + W <= d) {
       axpy_columns<SO, SI, kScale, true>(coef, v, ldv, rows, n, c0, d, alpha, acc, dp);
     } else {
       axpy_columns<SO, SI, kScale, false>(coef, v, ldv, rows, n, c0, d, alpha, acc, dp);
@@ -194,6 +324,11 @@ template <typename T>
 const Engine* make_avx2() {
   static const Engine e = [] {
     Engine x = *make<T>();
+    x.pack_q = pack_q_avx2<T>;
+    x.pack_k = pack_k_avx2<T>;
+    x.pack_v = pack_v_avx2<T>;
+    x.pack_rows = pack_q_avx2<T>;
+    x.pack_keys = pack_keys_avx2<T>;
     x.scores = scores_avx2;
     x.softmax = softmax_avx2<T>;
     x.pv = pv_avx2;
