@@ -101,7 +101,7 @@ def long_case(ckpt) -> Case:
 def cases(weights: str, ckpt):
     nbytes, layer_params, head_params = weight_stats(ckpt)
     prefill = Case(f"SmolLM2-135M prefill {PROMPT_TOKENS} tokens, {weights} weights", "compute",
-                   2.0 * (layer_params * PROMPT_TOKENS + head_params), peak="avx512_fp32",
+                   2.0 * (layer_params * PROMPT_TOKENS + head_params), peak="fp32",
                    targets=(FasterThan("llama.cpp", peer_label="llama.cpp"),),
                    note="FLOPs: 2 x layer matmul weights x tokens + the output head for the last token "
                         "(attention excluded)")

@@ -20,7 +20,7 @@ M = 512
 SHAPES = [(576, 1536), (1536, 576), (576, 49152)]  # (K, N)
 DIRECTIONS = {"fwd": 1, "bwd": 2, "fwd+bwd": 3}  # products of 2 M N K FLOPs each
 MIXED = "mixed"  # float32 tensors, bfloat16 products
-PEAK = {"float32": "avx512_fp32", "bfloat16": "amx_bf16", MIXED: "amx_bf16"}
+PEAK = {"float32": "fp32", "bfloat16": "bf16", MIXED: "bf16"}
 SHORT = {"float32": "fp32", "bfloat16": "bf16", MIXED: "fp32+bf16 compute"}
 # impl -> (tensor dtype, compute_dtype)
 IMPLS = {"anychip_fp32": ("float32", None), "anychip_bf16": ("bfloat16", None), "anychip_mixed": ("float32", "bfloat16")}

@@ -38,7 +38,7 @@ def gemv_x_int8_case(bits, group):
                      "its anychip row is that variant, also listed beside the exact one in the fp32-x case")
 
 
-W8A8 = Case(f"w8a8 linear M={M_W8A8} {K}x{N}, fp32 x", "compute", 2.0 * M_W8A8 * N * K, peak="amx_int8",
+W8A8 = Case(f"w8a8 linear M={M_W8A8} {K}x{N}, fp32 x", "compute", 2.0 * M_W8A8 * N * K, peak="int8",
             note="OPs: 2*M*N*K; weights hot in cache (compute-bound)")
 
 

@@ -52,7 +52,7 @@ def step_flops(ckpt, batch) -> float:
 
 def case(ckpt, batch, efficiency, compute: str) -> Case:
     return Case(f"SmolLM2-135M LoRA r{RANK} train step, {MAX_LENGTH} tokens packed, {compute} matmuls", "compute",
-                step_flops(ckpt, batch), peak="amx_bf16" if compute == "bf16" else "avx512_fp32",
+                step_flops(ckpt, batch), peak="bf16" if compute == "bf16" else "fp32",
                 targets=(FasterThan("paddle", 1.5, "plain Paddle (fp32)"),),
                 note=f"{batch.real_tokens} real tokens of {MAX_LENGTH} ({len(batch.examples)} examples); zero padding "
                      f"keeps {efficiency['zero_padding']:.0%} of sequence tokens real on the sample data vs "

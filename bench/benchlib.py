@@ -10,7 +10,7 @@ Conventions
   - Memory-bound cases count the minimum bytes the work must move (each input read once, each
     output written once) and are judged in GB/s against the copy bandwidth measured in this run.
     Compute-bound cases count the useful FLOPs (masked-out work excluded) and are judged against
-    the documented peaks below.
+    the compute roofs (PEAK_UNITS): FP32 FMA measured in this run, AMX documented.
   - ``speedup`` of a peer = peer time / anychip time: above 1 means anychip is faster.
   - Targets are reported PASS / MISS, never asserted: these machines are shared and noisy.
 """
@@ -39,16 +39,14 @@ if __name__ == "benchlib":
 SUBJECT = "anychip"
 THREADS = int(os.environ.get("ANYCHIP_BENCH_THREADS", min(2, os.cpu_count() or 1)))
 
-# Compute peaks of one core of the host CPU (Emerald Rapids), as documented in
-# shared/notes/platform-facts.md ("Measured peaks, per core"); upper ends of the ranges given
-# there. Not measured by this harness.
-PEAKS_PER_CORE = {
-    "avx512_fp32": (170e9, "AVX-512 FP32 FMA", "FLOP/s"),
-    "amx_bf16": (1.8e12, "AMX-BF16", "FLOP/s"),
-    "amx_int8": (4.0e12, "AMX-INT8", "OP/s"),
-    "vnni_int8": (0.8e12, "AVX-512 VNNI INT8", "OP/s"),
-}
-PEAKS_SOURCE = "documented per-core peaks (shared/notes/platform-facts.md) x threads; not measured in this run"
+# Compute roofs, by the number format of a case's products. "fp32" is measured in the run
+# (measure_compute_peaks: FMA chains on the kernels' vector width). The AMX roofs are the
+# per-core peaks documented for the AMX CPU of shared/notes/platform-facts.md ("Measured peaks,
+# per core"; upper ends of the ranges), x threads, and apply only where this CPU has the unit:
+# without AMX-BF16, bfloat16 products run on the FP32 FMA units, so the fp32 roof is theirs;
+# without AMX-INT8 there is no int8 roof (shares n/a).
+PEAK_UNITS = {"fp32": "FLOP/s", "bf16": "FLOP/s", "int8": "OP/s"}
+AMX_PEAKS_PER_CORE = {"bf16": (1.8e12, "AMX-BF16", "amx_bf16"), "int8": (4.0e12, "AMX-INT8", "amx_int8")}
 
 
 # --------------------------------------------------------------------------------------------
@@ -215,11 +213,47 @@ def measure_read_bandwidth(buffer_bytes: int, threads: int = 2, repeats: int = 9
         "itself, bytes = read")
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (/proc/cpuinfo), empty where the system does not say."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def measure_compute_peaks(threads: int = 2, repeats: int = 3, seconds: float = 0.5) -> dict:
+    """The compute roofs (see PEAK_UNITS): per key, ``value`` (FLOP/s or OP/s for all
+    ``threads``), ``what`` and ``source``. fp32: the best of ``repeats`` runs of the cpu
+    plugin's FMA probe (anychip_cpu_fma_peak)."""
+    from anychip_plugins.cpu.host_kernels import fma_peak, kernel_isa
+
+    meter = ForeignLoad().start()
+    fp32 = max(fma_peak(threads, seconds) for _ in range(repeats))
+    fp32_entry = {"value": fp32, "what": f"FP32 FMA ({kernel_isa()})", "unit": "FLOP/s",
+                  "source": f"measured: {threads}-thread FMA chains on the kernels' vectors, best of {repeats} x "
+                            f"{seconds:g} s (other load {meter.stop() or 0.0:.0%})"}
+    peaks = {"fp32": fp32_entry}
+    flags = cpu_flags()
+    for key, (per_core, name, flag) in AMX_PEAKS_PER_CORE.items():
+        if flag in flags:
+            peaks[key] = {"value": per_core * threads, "what": name, "unit": PEAK_UNITS[key],
+                          "source": f"documented per-core peak (shared/notes/platform-facts.md) x {threads} threads"}
+        elif key == "bf16":
+            peaks[key] = dict(fp32_entry, source=f"no {name} on this CPU: bfloat16 products run on the FP32 FMA "
+                                                 f"units; {fp32_entry['source']}")
+    return peaks
+
+
 @dataclass
 class Roofline:
     """The memory rooflines: ``copy_gbps`` for kernels that read and write about equally
     (RMSNorm), ``read_gbps`` for kernels that stream their input (decode GEMV); each the best
-    of its measurements at the run's start and end (the least disturbed one)."""
+    of its measurements at the run's start and end (the least disturbed one). ``peaks``: the
+    compute roofs (measure_compute_peaks)."""
 
     copy_gbps: float
     threads: int = 2
@@ -228,13 +262,14 @@ class Roofline:
     read_gbps: float | None = None
     read: dict = field(default_factory=dict)
     read_end: dict | None = None
+    peaks: dict = field(default_factory=dict)
 
     def with_end(self, end: dict, read_end: dict | None = None) -> "Roofline":
         read_gbps = self.read_gbps
         if read_end is not None and read_gbps is not None:
             read_gbps = max(read_gbps, read_end["gbps"])
         return Roofline(max(self.copy_gbps, end["gbps"]), self.threads, self.copy, end,
-                        read_gbps, self.read, read_end)
+                        read_gbps, self.read, read_end, self.peaks)
 
     def memory(self, pattern: str) -> float:
         if pattern == "read":
@@ -243,8 +278,10 @@ class Roofline:
             return self.read_gbps
         return self.copy_gbps
 
-    def peak(self, key: str) -> float:
-        return PEAKS_PER_CORE[key][0] * self.threads
+    def peak(self, key: str) -> float | None:
+        """The compute roof ``key`` (all threads), None where this CPU has none (or none was measured)."""
+        entry = self.peaks.get(key)
+        return None if entry is None else entry["value"]
 
     def describe(self) -> dict:
         return {
@@ -254,10 +291,16 @@ class Roofline:
             "read_gbps": None if self.read_gbps is None else round(self.read_gbps, 2),
             "read": self.read,
             "read_end": self.read_end,
-            "peaks": {k: {"value": v * self.threads, "what": what, "unit": unit} for k, (v, what, unit)
-                      in PEAKS_PER_CORE.items()},
-            "peaks_source": PEAKS_SOURCE,
+            "peaks": self.peaks,
+            "peaks_source": peaks_summary(self.peaks),
         }
+
+
+def peaks_summary(peaks: dict) -> str:
+    """The compute roofs in one line, each with where it comes from."""
+    if not peaks:
+        return "no compute roofs measured"
+    return "; ".join(f"{k}: {p['what']} {p['value'] / 1e12:.2f} T{p['unit']} ({p['source']})" for k, p in peaks.items())
 
 
 def cpu_busy_seconds() -> float | None:
@@ -328,7 +371,7 @@ class RooflineShare:
     share: float
 
     def label(self, case) -> str:
-        what = f"{case.pattern} bandwidth" if case.kind == "memory" else f"{PEAKS_PER_CORE[case.peak][1]} peak"
+        what = f"{case.pattern} bandwidth" if case.kind == "memory" else f"the {case.peak} compute roof"
         return f">= {self.share:.0%} of {what}"
 
     def judge(self, case, rows) -> tuple[str, str]:
@@ -364,7 +407,7 @@ class FasterThan:
 class Case:
     """One piece of work. ``kind`` "memory" (``amount`` = bytes, judged against the roofline of
     its access ``pattern``: "copy" for read + write, "read" for a streamed input) or "compute"
-    (``amount`` = FLOPs or integer OPs, judged against ``peak``, a key of PEAKS_PER_CORE)."""
+    (``amount`` = FLOPs or integer OPs, judged against ``peak``, a key of PEAK_UNITS)."""
 
     name: str
     kind: str
@@ -378,16 +421,17 @@ class Case:
     def unit(self) -> str:
         if self.kind == "memory":
             return "GB/s"
-        return "TOP/s" if PEAKS_PER_CORE[self.peak][2] == "OP/s" else "TFLOP/s"
+        return "TOP/s" if PEAK_UNITS[self.peak] == "OP/s" else "TFLOP/s"
 
     def rate(self, seconds: float) -> float:
         return self.amount / seconds / (1e9 if self.kind == "memory" else 1e12)
 
-    def roof(self, roofline: Roofline) -> float:
-        """The roofline in this case's unit."""
+    def roof(self, roofline: Roofline) -> float | None:
+        """The roofline in this case's unit (None: this CPU has no roof for the case's products)."""
         if self.kind == "memory":
             return roofline.memory(self.pattern)
-        return roofline.peak(self.peak) / 1e12
+        peak = roofline.peak(self.peak)
+        return None if peak is None else peak / 1e12
 
 
 class Collector:
@@ -413,7 +457,8 @@ class Collector:
                "min_ms": min(samples_s) * 1e3, "rate": own / med / (1e9 if case.kind == "memory" else 1e12),
                "amount": own, "unit": case.unit, "notes": notes, "foreign_load": foreign_load}
         if self.roofline is not None:
-            row["share"] = row["rate"] / case.roof(self.roofline)
+            roof = case.roof(self.roofline)
+            row["share"] = None if roof is None else row["rate"] / roof
         self.results.setdefault(case.name, {})[impl] = row
         if extra_info is not None:
             self._extra[(case.name, impl)] = extra_info
@@ -425,7 +470,8 @@ class Collector:
         self.roofline = roofline
         for name, rows in self.results.items():
             for row in rows.values():
-                row["share"] = row["rate"] / self.cases[name].roof(roofline)
+                roof = self.cases[name].roof(roofline)
+                row["share"] = None if roof is None else row["rate"] / roof
             self._refresh(name)
 
     def speedups(self, case_name: str) -> dict[str, float]:
@@ -455,7 +501,7 @@ class Collector:
                 "case": case_name, "impl": impl, "label": row["label"], "ms": round(row["ms"], 4),
                 case.unit: round(row["rate"], 4),
             })
-            if "share" in row:
+            if row.get("share") is not None:
                 info["roofline_share"] = round(row["share"], 4)
             if row.get("foreign_load") is not None:
                 info["foreign_cpu_load"] = round(row["foreign_load"], 3)
@@ -478,7 +524,7 @@ class Collector:
             for r in sorted(results.values(), key=lambda r: r["impl"] != SUBJECT):
                 block.append({
                     "case": "", "impl": r["label"], "ms": r["ms"], "rate": f"{r['rate']:.3g} {r['unit']}",
-                    "share": f"{r['share']:.0%}" if "share" in r else "",
+                    "share": f"{r['share']:.0%}" if r.get("share") is not None else "",
                     "speedup": f"{speedups[r['impl']]:.2f}x" if r["impl"] in speedups else "",
                     "foreign": "" if r.get("foreign_load") is None else f"{r['foreign_load']:.0%}",
                     "target": "", "result": ""})

@@ -92,7 +92,8 @@ def roofline(request):
     mb = request.config.getoption("--bench-copy-mb") or max(256, 2 * -(-benchlib.l3_bytes() // 2**20))
     copy = benchlib.measure_copy_bandwidth(mb * 2**20, threads=THREADS)
     read = benchlib.measure_read_bandwidth(mb * 2**20, threads=THREADS)
-    r = benchlib.Roofline(copy["gbps"], threads=THREADS, copy=copy, read_gbps=read["gbps"], read=read)
+    r = benchlib.Roofline(copy["gbps"], threads=THREADS, copy=copy, read_gbps=read["gbps"], read=read,
+                          peaks=benchlib.measure_compute_peaks(THREADS))
     collector = request.config.stash[COLLECTOR]
     collector.roofline = r
     yield r
@@ -203,11 +204,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             read_end = r.read_end or {}
             tr.write_line(f"read roofline: {r.read_gbps:.1f} GB/s, the better of {r.read['gbps']:.1f} GB/s at the "
                           f"start and {read_end.get('gbps', float('nan')):.1f} GB/s at the end; {r.read['method']}")
-        peaks = ", ".join(f"{w} {r.peak(k) / 1e12:.2f} T{u}" for k, (_, w, u) in benchlib.PEAKS_PER_CORE.items())
-        tr.write_line(f"compute peaks: {peaks} ({benchlib.PEAKS_SOURCE})")
+        tr.write_line(f"compute roofs: {benchlib.peaks_summary(r.peaks)}")
     tr.write_line("speedup = peer time / anychip time (> 1: anychip faster); roofline = share of copy "
                   "bandwidth (GB/s rows that read and write), of read bandwidth (GB/s rows that stream "
-                  "their input: GEMV) or of the documented peak (TFLOP/s, TOP/s rows)")
+                  "their input: GEMV) or of the compute roof (TFLOP/s, TOP/s rows)")
     tr.write_line(f"other load = CPU time of other processes while it was timed, share of all CPUs (whole run: "
                   f"{_pct(session_load)}); above ~10% the 2-thread figures are unreliable, rerun on a quiet machine")
     tr.write_line("targets are reported, not asserted: these machines are shared and noisy (10-20% run to run, "

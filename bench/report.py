@@ -45,8 +45,11 @@ def roofline_basis(case, target, roofline) -> str:
         if case.sets == 1:
             what += "; the inputs stay in the cache, which this DRAM figure does not bound"
     else:
-        value, name, unit = benchlib.PEAKS_PER_CORE[case.harness_case().peak]
-        what = f"{name} peak {value * roofline.threads / 1e12:.2f} T{unit} (documented, x {roofline.threads} threads)"
+        peak = roofline.peaks.get(case.harness_case().peak)
+        if peak is None:
+            what = f"no {case.harness_case().peak} compute roof on this CPU"
+        else:
+            what = f"{peak['what']} {peak['value'] / 1e12:.2f} T{peak['unit']} ({peak['source']})"
     return what if target.host else f"host {what}: the simulated device runs on the host CPU"
 
 
@@ -194,7 +197,7 @@ def header_lines(doc: dict) -> list[str]:
         "anychip speedup = that row's time / anychip's time on the same device (above 1: anychip faster); "
         "[host] rows ran on the host CPU",
         "roofline = share of the host's DRAM copy or read bandwidth (memory-bound cases; those marked "
-        "'(in cache)' may exceed it) or of the documented compute peak (compute-bound cases)",
+        "'(in cache)' may exceed it) or of the compute roof (compute-bound cases)",
         f"other processes used {_load(s.get('foreign_cpu_load'))} of the CPUs during the run (above ~10%, "
         "expect noisy figures; rerun on a quiet machine)",
     ]
@@ -297,14 +300,13 @@ def plot_op(doc: dict, op: str, path: Path) -> Path:
 
 def plot_roofline(doc: dict, path: Path) -> Path:
     """anychip's achieved GFLOP/s against arithmetic intensity on each device, the host peers in
-    grey, under the host's measured memory roofs and documented compute peak."""
+    grey, under the host's measured memory roofs and compute roof."""
     import numpy as np
 
     plt = _pyplot()
     roof = doc["roofline"]
     dtype = doc["settings"]["dtype"]
-    peak_key = "avx512_fp32" if dtype == "float32" else "amx_bf16"
-    peak = roof["peaks"][peak_key]
+    peak = roof["peaks"]["fp32" if dtype == "float32" else "bf16"]
     cases = {c["case"]: c for c in doc["cases"]}
     fig, ax = plt.subplots(figsize=(9.5, 7.0))
     xs = [c["intensity"] for c in cases.values()]
@@ -312,7 +314,7 @@ def plot_roofline(doc: dict, path: Path) -> Path:
     peak_g = peak["value"] / 1e9
     ax.plot(grid, np.minimum(grid * roof["copy_gbps"], peak_g), color="black", lw=1.2,
             label=f"roof: copy {roof['copy_gbps']:.1f} GB/s (measured) / {peak['what']} {peak_g:.0f} GFLOP/s "
-                  "(documented)")
+                  f"({peak['source'].split(':')[0]})")
     if roof.get("read_gbps"):
         ax.plot(grid, np.minimum(grid * roof["read_gbps"], peak_g), color="black", lw=1, ls="--",
                 label=f"roof: read {roof['read_gbps']:.1f} GB/s (measured; for the GEMVs, which stream W)")

@@ -3,6 +3,8 @@ work, on a tiny case (the benchmarks themselves run with `python -m pytest bench
 
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -57,6 +59,37 @@ def test_stream_count_exceeds_twice_the_cache(benchlib):
     assert [cycle() for _ in range(4)] == ["a", "b", "c", "a"]
 
 
+def test_compute_roofs_fp32_measured_amx_only_where_the_cpu_has_it(benchlib, monkeypatch):
+    monkeypatch.setattr(benchlib, "cpu_flags", lambda: {"avx2", "fma"})
+    peaks = benchlib.measure_compute_peaks(threads=1, repeats=1, seconds=0.05)
+    assert peaks["fp32"]["value"] > 1e9 and peaks["fp32"]["source"].startswith("measured")
+    # no AMX: bf16 products run on the FP32 FMA units; int8 has no roof
+    assert peaks["bf16"]["value"] == peaks["fp32"]["value"] and "no AMX-BF16" in peaks["bf16"]["source"]
+    assert "int8" not in peaks
+    monkeypatch.setattr(benchlib, "cpu_flags", lambda: {"amx_bf16", "amx_int8"})
+    peaks = benchlib.measure_compute_peaks(threads=2, repeats=1, seconds=0.05)
+    assert peaks["bf16"]["value"] == 2 * 1.8e12 and peaks["int8"]["value"] == 2 * 4.0e12
+    assert peaks["int8"]["source"].startswith("documented")
+    roof = benchlib.Roofline(20.0, peaks={k: v for k, v in peaks.items() if k != "int8"})
+    case = benchlib.Case("w8a8", "compute", 1e9, peak="int8")
+    assert case.unit == "TOP/s" and case.roof(roof) is None
+    assert benchlib.Collector(roof).record(case, "anychip", [0.01])["share"] is None
+
+
+def test_fma_probe_measures_the_kernels_vector_width():
+    """The probe runs on the vectors the kernels use: capped to scalar it is several times slower."""
+    code = ("from anychip_plugins.cpu.host_kernels import fma_peak, kernel_isa; "
+            "print(kernel_isa(), max(fma_peak(1, 0.05) for _ in range(3)))")
+    rates = {}
+    for cap in ("scalar", "avx2"):
+        out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "ANYCHIP_CPU_ISA": cap},
+                             capture_output=True, text=True, check=True).stdout.split()
+        rates[out[0]] = float(out[1])
+    if "avx2" not in rates:
+        pytest.skip("this CPU has no AVX2")
+    assert rates["avx2"] > 3 * rates["scalar"] > 0
+
+
 def test_rounds_and_timing(benchlib):
     assert benchlib.plan_rounds(0.1, 1.0, 3, 100) == 10
     assert benchlib.plan_rounds(10.0, 1.0, 3, 100) == 3
@@ -68,10 +101,11 @@ def test_rounds_and_timing(benchlib):
 
 
 def _collector(benchlib):
-    roof = benchlib.Roofline(20.0, threads=2, copy={"gbps": 20.0, "method": "test"})
+    fp32 = {"value": 340e9, "what": "FP32 FMA (test)", "unit": "FLOP/s", "source": "test"}
+    roof = benchlib.Roofline(20.0, threads=2, copy={"gbps": 20.0, "method": "test"}, peaks={"fp32": fp32})
     col = benchlib.Collector(roof)
     mem = benchlib.Case("norm", "memory", 2e9, targets=(benchlib.RooflineShare(0.8),))
-    att = benchlib.Case("attn", "compute", 3.4e10, peak="avx512_fp32",
+    att = benchlib.Case("attn", "compute", 3.4e10, peak="fp32",
                         targets=(benchlib.FasterThan("torch", 1.0, "torch SDPA"),
                                  benchlib.FasterThan("dense", 2.5), benchlib.FasterThan("missing")))
     info = {}
@@ -100,7 +134,7 @@ def test_collector_ratios_targets_and_extra_info(benchlib):
     assert info["targets"][0]["result"] == "PASS"
     att = col.results["attn"]["anychip"]
     assert att["unit"] == "TFLOP/s" and att["rate"] == pytest.approx(0.17)
-    assert att["share"] == pytest.approx(0.5)  # of 2 x 170 GFLOP/s
+    assert att["share"] == pytest.approx(0.5)  # of 340 GFLOP/s
 
 
 def test_summary_table_json_png(benchlib, tmp_path):
@@ -112,7 +146,7 @@ def test_summary_table_json_png(benchlib, tmp_path):
     assert "4.00x" in table and "MISS (2.00x)" in table and "n/a (missing not measured)" in table
     summary = json.loads(col.write_json(tmp_path / "out" / "summary.json").read_text())
     assert summary["target_counts"] == {"PASS": 2, "MISS": 1, "n/a": 1}
-    assert summary["roofline"]["copy_gbps"] == 20.0 and "not measured" in summary["roofline"]["peaks_source"]
+    assert summary["roofline"]["copy_gbps"] == 20.0 and summary["roofline"]["peaks_source"].startswith("fp32: FP32 FMA")
     assert [c["case"] for c in summary["cases"]] == ["norm", "attn"]
     png = col.write_png(tmp_path / "out" / "speedup.png")
     assert png is not None and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

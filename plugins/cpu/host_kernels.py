@@ -48,6 +48,14 @@ def kernel_isa() -> str:
     return fn().decode()
 
 
+def fma_peak(threads: int, seconds: float = 0.5) -> float:
+    """The float32 FLOP/s that ``threads`` threads sustain in FMA chains on the kernels' ISA
+    (:func:`kernel_isa`) for ``seconds``: the host's measured compute roofline."""
+    fn = ctypes.CDLL(str(LIBRARY)).anychip_cpu_fma_peak
+    fn.restype, fn.argtypes = ctypes.c_double, [ctypes.c_int, ctypes.c_double]
+    return fn(threads, seconds)
+
+
 def _kernel(name: str) -> NativeKernel:
     kernel = NativeKernel(str(LIBRARY), f"anychip_cpu_{name}")
     kernel.address  # resolve now: a missing kernel disables the plugin with its reason, not a later call
