@@ -213,18 +213,6 @@ def measure_read_bandwidth(buffer_bytes: int, threads: int = 2, repeats: int = 9
         "itself, bytes = read")
 
 
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags (/proc/cpuinfo), empty where the system does not say."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 def measure_compute_peaks(threads: int = 2, repeats: int = 3, seconds: float = 0.5) -> dict:
     """The compute roofs (see PEAK_UNITS): per key, ``value`` (FLOP/s or OP/s for all
     ``threads``), ``what`` and ``source``. fp32: the best of ``repeats`` runs of the cpu
@@ -233,9 +221,10 @@ def measure_compute_peaks(threads: int = 2, repeats: int = 3, seconds: float = 0
 
     meter = ForeignLoad().start()
     fp32 = max(fma_peak(threads, seconds) for _ in range(repeats))
+    load = meter.stop()
     fp32_entry = {"value": fp32, "what": f"FP32 FMA ({kernel_isa()})", "unit": "FLOP/s",
                   "source": f"measured: {threads}-thread FMA chains on the kernels' vectors, best of {repeats} x "
-                            f"{seconds:g} s (other load {meter.stop() or 0.0:.0%})"}
+                            f"{seconds:g} s (other load {'unknown' if load is None else f'{load:.0%}'})"}
     peaks = {"fp32": fp32_entry}
     flags = cpu_flags()
     for key, (per_core, name, flag) in AMX_PEAKS_PER_CORE.items():
@@ -431,7 +420,7 @@ class Case:
         if self.kind == "memory":
             return roofline.memory(self.pattern)
         peak = roofline.peak(self.peak)
-        return None if peak is None else peak / 1e12
+        return peak / 1e12 if peak else None
 
 
 class Collector:

@@ -170,7 +170,7 @@ void softmax_avx2(const float* t, int m, float* mx, float* l, float* alpha, void
   float* p = static_cast<float*>(pv);
   for (int r0 = 0; r0 < m; r0 += 8) {
     const int rows = std::min(8, m - r0);
-    alignas(32) float top[8], use[8], sum[8];
+    alignas(32) float top[8], use[8], sum[8] = {};
     for (int r = 0; r < 8; ++r) {
       if (r >= rows) {
         top[r] = -kInf;
