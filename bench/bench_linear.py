@@ -2,8 +2,9 @@
 projections (K=576 -> N=1536, K=1536 -> N=576) and the vocabulary head (K=576 -> N=49152).
 
 Compute-bound: TFLOP/s (2 M N K per product; the backward is two products, dx and dW) against
-the documented peak of the path anychip takes (AMX-BF16 for bf16 and for mixed precision, AVX-512
-FP32 for fp32), and time against Paddle's fp32 matmul measured in the same run (the CPU wheel has
+the compute roof of the products' format (bf16 for bf16 and for mixed precision: AMX-BF16's
+documented peak where the CPU has it, else the FP32 roof; fp32: the FP32 FMA roof measured in
+the run), and time against Paddle's fp32 matmul measured in the same run (the CPU wheel has
 no bf16 matmul). Three anychip rows: bf16 tensors; fp32 tensors (inference of float models, which
 must not be slower than Paddle); and mixed precision, fp32 tensors with compute_dtype bfloat16
 (training: the kernels round to bf16 as they pack, no cast passes). Weights and activations stay
