@@ -285,6 +285,15 @@ class Roofline:
         }
 
 
+def measure_roofline(buffer_bytes: int, threads: int) -> Roofline:
+    """The host's roofline at the start of a run: copy and read bandwidth over ``buffer_bytes``
+    buffers (beyond the last-level cache) and the compute roofs."""
+    copy = measure_copy_bandwidth(buffer_bytes, threads=threads)
+    read = measure_read_bandwidth(buffer_bytes, threads=threads)
+    return Roofline(copy["gbps"], threads=threads, copy=copy, read_gbps=read["gbps"], read=read,
+                    peaks=measure_compute_peaks(threads))
+
+
 def peaks_summary(peaks: dict) -> str:
     """The compute roofs in one line, each with where it comes from."""
     if not peaks:

@@ -201,10 +201,7 @@ def _measure_roofline(benchlib, threads: int, copy_mb: int | None):
     """The host's copy and read bandwidth (buffers beyond the last-level cache) and compute roofs."""
     mb = copy_mb or max(256, 2 * -(-benchlib.l3_bytes() // 2**20))
     print(f"measuring the host roofline ({threads} threads, {mb} MB buffers) ...", file=sys.stderr)
-    copy = benchlib.measure_copy_bandwidth(mb * 2**20, threads=threads)
-    read = benchlib.measure_read_bandwidth(mb * 2**20, threads=threads)
-    return benchlib.Roofline(copy["gbps"], threads=threads, copy=copy, read_gbps=read["gbps"], read=read,
-                             peaks=benchlib.measure_compute_peaks(threads))
+    return benchlib.measure_roofline(mb * 2**20, threads)
 
 
 def _time(once, repeats: int, warmup: int, budget_s: float) -> list[float]:

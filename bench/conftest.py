@@ -90,10 +90,7 @@ def torch(request, pd):
 @pytest.fixture(scope="session")
 def roofline(request):
     mb = request.config.getoption("--bench-copy-mb") or max(256, 2 * -(-benchlib.l3_bytes() // 2**20))
-    copy = benchlib.measure_copy_bandwidth(mb * 2**20, threads=THREADS)
-    read = benchlib.measure_read_bandwidth(mb * 2**20, threads=THREADS)
-    r = benchlib.Roofline(copy["gbps"], threads=THREADS, copy=copy, read_gbps=read["gbps"], read=read,
-                          peaks=benchlib.measure_compute_peaks(THREADS))
+    r = benchlib.measure_roofline(mb * 2**20, THREADS)
     collector = request.config.stash[COLLECTOR]
     collector.roofline = r
     yield r
