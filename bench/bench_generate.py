@@ -176,7 +176,7 @@ def test_anychip_decode_int8_activations(benchmark, bench, anychip_run):
     start = run.prefill(model)
     bench.run(benchmark, run.cases[1], "anychip_x_int8", lambda: run.decode(model, start),
               label="anychip decoder_step, --int8-activations (approximate)", min_rounds=3, max_rounds=10,
-              warmup=1, notes="activations quantized to int8 per 32 values before each quantized product")
+              warmup=1, notes="activations quantized to int8 per 32 to 128 values before each quantized product")
 
 
 @pytest.mark.parametrize("kv", ["float32", "bfloat16", "float16"])

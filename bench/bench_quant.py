@@ -34,7 +34,7 @@ def gemv_x_int8_case(bits, group):
     g = "per-channel" if group == -1 else f"group {group}"
     return Case(f"int{bits} weight-only GEMV M=1 {K}x{N} {g}, int8 x (x_int8, DRAM)", "memory",
                 _gemv_bytes(bits, group), targets=(RooflineShare(0.70),), pattern="read",
-                note="the fp32-x case's work with x quantized to int8 per run of 32 (x_int8=True, approximate): "
+                note="the fp32-x case's work with x quantized to int8 per run (x_int8=True, approximate; runs of 128 for 4 bits, 32 for 8): "
                      "its anychip row is that variant, also listed beside the exact one in the fp32-x case")
 
 

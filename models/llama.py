@@ -80,8 +80,9 @@ class KVCache:
 class LlamaForCausalLM(paddle.nn.Layer):
     """A Llama-family causal LM on ``device``, built from a :class:`Checkpoint` (float, anychip
     weight-only or A8W8 tensors, as the checkpoint holds them). ``x_int8``: the fused decode
-    step feeds its quantized linears int8 activations (per run of 32, as llama.cpp's quantized
-    dot products do): faster, with logits ~5e-3 off the exact product; prefill stays exact.
+    step feeds its quantized linears int8 activations (per run of 32, or up to 128 beside 4-bit
+    weights, as llama.cpp's quantized dot products do): faster, with logits ~5e-3 off the exact
+    product; prefill stays exact.
 
     A8W8 linears (:class:`~anychip_models.checkpoint.W8A8Weight`) run through ``w8a8_linear`` in
     prefill and op-by-op decode: int8 weights, x quantized to int8 per token. The fused decode

@@ -162,21 +162,29 @@ def round_half_away(v):
     return np.sign(v) * np.floor(np.abs(v) + 0.5)
 
 
-def int8_runs(a):
-    """a [B, K] as x_int8 quantizes it per run of 32: xq * sx (float64)."""
-    runs = a.reshape(len(a), -1, 32)
+def x_run(bits, k, group_size):
+    """kernel.h's x_int8 run: 32 for 8-bit W, for 4-bit W the largest of 128, 64, 32 dividing the
+    group (K for group_size -1)."""
+    group = k if group_size == -1 else group_size
+    return 32 if bits == 8 else next(r for r in (128, 64, 32) if group % r == 0)
+
+
+def int8_runs(a, run):
+    """a [B, K] as x_int8 quantizes it per run of ``run``: xq * sx (float64)."""
+    runs = a.reshape(len(a), -1, run)
     sx = np.abs(runs).max(axis=-1, keepdims=True) / 127
     return (np.clip(round_half_away(runs / np.where(sx > 0, sx, 1)), -127, 127) * sx).reshape(a.shape)
 
 
 def product(model, a, lin):
-    """a W^T; with x_int8 and W quantized, the symmetric part from a quantized per run of 32; with
-    W bfloat16, a rounded to bfloat16 first."""
+    """a W^T; with x_int8 and W quantized, the symmetric part from a quantized per run (x_run);
+    with W bfloat16, a rounded to bfloat16 first."""
     if lin["fmt"][0] == 16:
         return bf16_values(to_bf16_bits(a.astype(np.float32))) @ lin["w"].T
     if not (model.get("x_int8") and lin["fmt"][0]):
         return a @ lin["w"].T
-    return int8_runs(a) @ lin["sym"].T + a @ (lin["w"] - lin["sym"]).T
+    bits, group_size, _ = lin["fmt"]
+    return int8_runs(a, x_run(bits, a.shape[1], group_size)) @ lin["sym"].T + a @ (lin["w"] - lin["sym"]).T
 
 
 def oracle(model, x, positions, k_cache, v_cache):
@@ -424,7 +432,8 @@ X_INT8_CASES = {
     "int8-channel": dict.fromkeys(KINDS, FORMATS["int8-channel"]),
     "mixed": dict(qkv=FORMATS["int8-g32"], o=FORMATS["f32"], gate_up=FORMATS["int4-g32-offsets"],
                   down=(8, 64, True), head=FORMATS["int4-g64"]),
-    # groups of 128 and per-channel with K = 128: one scale per 128-k chunk (down, K = 192: not)
+    # groups of 128 and per-channel with K = 128: runs of 128 k, one scale per 128-k chunk on AVX-512
+    # (down, per-channel with K = 192: runs of 64, not)
     "int4-g128": dict(qkv=(4, 128, False), o=(4, 128, False), gate_up=(4, 128, True), down=(4, -1, False),
                       head=(4, -1, False)),
 }
@@ -432,7 +441,7 @@ X_INT8_CASES = {
 
 @pytest.mark.parametrize("name", list(X_INT8_CASES))
 def test_x_int8_matches_its_oracle(name):
-    """x_int8: the quantized LINs take their input quantized per run of 32 (the oracle does the
+    """x_int8: the quantized LINs take their input quantized per run (the oracle does the
     same); the float LINs are unchanged. The result differs from the float-x step by far more
     than the tolerance, so the attr cannot be ignored unnoticed."""
     model = dict(make_model(9, X_INT8_CASES[name], True), x_int8=True)

@@ -339,7 +339,7 @@ def test_gemv_rows_split_between_threads(x_int8):
             ys.append(empty((m, n), "float32"))
             kernel("weight_only_linear").run_host([x] + weights, [ys[-1]], attrs + [int(x_int8)], num_threads=threads)
         if x_int8:
-            want, bound = x_int8_ref(x.astype(np.float64), q, scales, offsets, None)
+            want, bound = x_int8_ref(x.astype(np.float64), q, scales, offsets, None, bits)
         else:
             want, bound = x @ dequantize(q, scales, offsets).T, np.abs(x) @ magnitude(q, scales, offsets).T
         check_error(ys[0].astype(np.float64), want, bound, "float32", f"m={m} bits={bits} x_int8={x_int8}")
@@ -474,13 +474,19 @@ def test_bf16_products_rejects_what_it_cannot_do():
         kernel("weight_only_linear").run_host([x, packed, scales], [y], [8, 32, 0, 0, 2])
 
 
-# ---- x_int8: x quantized per run of 32, integer products ----------------------------------------
+# ---- x_int8: x quantized per run, integer products ----------------------------------------------
 
-def quantize_x_ref(x: np.ndarray):
-    """kernel.h's x_int8 quantization of x [M, K] (values exact in float32), in float32 as the
-    kernel does it: xq int64 [M, K], sx float32 [M, K / 32]."""
+def x_run(bits: int, group: int) -> int:
+    """kernel.h's x_int8 run: 32 for 8-bit W; for 4-bit W the largest of 128, 64, 32 dividing
+    the group size (K for one group per row)."""
+    return 32 if bits == 8 else next(r for r in (128, 64, 32) if group % r == 0)
+
+
+def quantize_x_ref(x: np.ndarray, run: int):
+    """kernel.h's x_int8 quantization of x [M, K] (values exact in float32) per run of ``run``,
+    in float32 as the kernel does it: xq int64 [M, K], sx float32 [M, K / run]."""
     m, k = x.shape
-    runs = x.astype(np.float32).reshape(m, k // 32, 32)
+    runs = x.astype(np.float32).reshape(m, k // run, run)
     sx = np.abs(runs).max(axis=2) / np.float32(127)
     safe = np.where(sx > 0, sx, np.float32(1))
     v = np.clip(runs / safe[..., None], np.float32(-127), np.float32(127))
@@ -488,14 +494,15 @@ def quantize_x_ref(x: np.ndarray):
     return xq.reshape(m, k).astype(np.int64), sx.astype(np.float32)
 
 
-def x_int8_ref(x, q, scales, offsets, bias):
+def x_int8_ref(x, q, scales, offsets, bias, bits):
     """(y, bound) in float64: y exactly as kernel.h states the x_int8 product (the integer sums
     exact), bound the sum of the magnitudes of its float terms, which float32 error scales with
     (a kernel may convert partial integer sums, so each product's magnitude counts)."""
     m, k = x.shape
-    n, runs = q.shape[0], k // 32
-    xq, sx = quantize_x_ref(x)
-    xr, qr = xq.reshape(m, runs, 32), q.astype(np.int64).reshape(n, runs, 32)
+    run = x_run(bits, k // scales.shape[1])
+    n, runs = q.shape[0], k // run
+    xq, sx = quantize_x_ref(x, run)
+    xr, qr = xq.reshape(m, runs, run), q.astype(np.int64).reshape(n, runs, run)
     sums = np.einsum("mrj,nrj->mnr", xr, qr)
     magnitudes = np.einsum("mrj,nrj->mnr", np.abs(xr), np.abs(qr))
     scale = sx.astype(np.float64)[:, None, :] * np.repeat(scales.astype(np.float64), runs // scales.shape[1], axis=1)
@@ -525,7 +532,7 @@ def check_x_int8(rng, m, k, n, dtype, bits, group_size, with_offsets, with_bias)
         dts.append(dtype)
     y = empty((m, n), dtype)
     kernel("weight_only_linear").run_host(inputs, [y], attrs, dtypes=names(*dts, dtype))
-    want, bound = x_int8_ref(value(x_stored, dtype), q, scales, offsets, bias)
+    want, bound = x_int8_ref(value(x_stored, dtype), q, scales, offsets, bias, bits)
     check_error(value(y, dtype), want, bound, dtype,
                 f"x_int8 m={m} k={k} bits={bits} group={group_size} offsets={with_offsets}")
 
@@ -561,7 +568,7 @@ def check_x_int8_extremes() -> None:
     x[1, 1::2] = -1.0  # codes +-127: each run's absmax is 1
     y = empty((2, n), "float32")
     kernel("weight_only_linear").run_host([x, q, scales], [y], [8, -1, 0, 1])
-    want, bound = x_int8_ref(x.astype(np.float64), q, scales, None, None)
+    want, bound = x_int8_ref(x.astype(np.float64), q, scales, None, None, 8)
     check_error(y.astype(np.float64), want, bound, "float32", "x_int8 extreme 8-bit codes")
 
 

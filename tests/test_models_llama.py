@@ -263,7 +263,7 @@ def test_forward_continues_from_the_cache(device):
 
 @pytest.mark.parametrize("weights", ["int8", "int4"])
 def test_int8_activation_decode_stays_close_and_device_independent(weights):
-    """x_int8 decoding approximates the exact logits (activations quantized per 32 values) and,
+    """x_int8 decoding approximates the exact logits (activations quantized per 32 to 128 values) and,
     being the same kernel everywhere, gives the same tokens on a simulated chip."""
     from anychip_models.llama import KVCache, LlamaForCausalLM
 

@@ -397,7 +397,7 @@ def test_weight_only_linear_with_offsets(device, dtype, m, n, k_blocks, bits, gr
        group_size=st.sampled_from([-1, 32, 64, 128]), offsets=st.booleans(), bias=st.booleans(),
        seed=st.integers(0, 99))
 def test_weight_only_linear_x_int8(device, dtype, m, n, k_blocks, bits, group_size, offsets, bias, seed):
-    """x quantized to int8 per run of 32 (forward only), against the reference's float64 math."""
+    """x quantized to int8 per run (forward only), against the reference's float64 math."""
     rng = np.random.default_rng(seed)
     k = (64 if bits == 4 else 32) * k_blocks
     if group_size != -1 and k % group_size:

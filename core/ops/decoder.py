@@ -22,7 +22,7 @@ import numpy as np
 from . import checks
 from .attention import reference_attention
 from .dispatch import OpImpl, descriptor, device_label, device_of, dtype_name, empty, launch, paddle, run
-from .quant import dequantize, quantize_x_int8
+from .quant import dequantize, quantize_x_int8, x_int8_run
 from .rotary import _Rotary
 
 OP = "decoder_step"
@@ -92,8 +92,8 @@ class DecoderWeights:
     """The weights of a decoder, checked once and kept described for launching: every tensor on
     one device, float32 norms and biases, and each kind of Linear in one format across layers.
     ``eps`` is the RMSNorms' epsilon, ``theta`` the RoPE base. ``x_int8``: the quantized Linears
-    take their input quantized to int8 per run of 32 (as weight_only_linear's x_int8; faster,
-    ~1e-3 relative error per product; their K and group_size must be multiples of 32). The
+    take their input quantized to int8 per run (as weight_only_linear's x_int8; faster,
+    ~5e-3 relative error per product; their K and group_size must be multiples of 32). The
     tensors must not be replaced or resized while this object is in use."""
 
     def __init__(self, layers, final_norm, head: Linear, num_heads: int, num_kv_heads: int, eps: float = 1e-5,
@@ -255,8 +255,8 @@ class _DecoderStep(OpImpl):
                 return pd.matmul(a.astype("bfloat16").astype("float32"), lin.dense(), transpose_y=True)
             if not (w.x_int8 and lin.bits):
                 return pd.matmul(a, lin.dense(), transpose_y=True)
-            # the symmetric part from x quantized per run of 32, the offsets' share from float x
-            xq, sx = quantize_x_int8(a)
+            # the symmetric part from x quantized per run, the offsets' share from float x
+            xq, sx = quantize_x_int8(a, x_int8_run(lin.bits, k, lin.group_size))
             symmetric = dataclasses.replace(lin, offsets=None)
             y = pd.matmul((xq * sx).reshape(a.shape), symmetric.dense(), transpose_y=True)
             if lin.offsets is not None:

@@ -137,16 +137,27 @@ def _check_packed(op, x, qweight, scales, bias, bits, group_size, offsets=None):
 def _check_x_int8(op: str, k: int, group_size: int) -> None:
     if k % 32 or (group_size != -1 and group_size % 32):
         raise checks.OpArgumentError(
-            f"{op}: x_int8 quantizes x in runs of 32, so K and group_size must be multiples of 32 "
+            f"{op}: x_int8 quantizes x in runs of 32 or more, so K and group_size must be multiples of 32 "
             f"(or group_size -1), got K={k}, group_size={group_size}")
 
 
-def quantize_x_int8(x):
-    """x [..., K] quantized as weight_only_linear's x_int8 does it, per run of 32 along K, in
-    float32 with plain Paddle ops: (xq, sx), xq the int8 codes as float32 [..., K / 32, 32],
-    sx = absmax / 127 [..., K / 32, 1]."""
+def x_int8_run(bits: int, k: int, group_size: int) -> int:
+    """The run of x that weight_only_linear's x_int8 quantizes with one scale (kernel.h): 32 for
+    8-bit weights; for 4-bit ones the largest of 128, 64 and 32 dividing the group size (K for
+    group_size -1). A run of 128 takes a quarter of the float work of four runs of 32, and the
+    4-bit codes' own rounding costs 7-20x its error (heavy-tailed to Gaussian x)."""
+    if bits != 4:
+        return 32
+    group = k if group_size == -1 else group_size
+    return next(run for run in (128, 64, 32) if group % run == 0)
+
+
+def quantize_x_int8(x, run: int = 32):
+    """x [..., K] quantized as weight_only_linear's x_int8 does it, per run of ``run`` along K
+    (see :func:`x_int8_run`), in float32 with plain Paddle ops: (xq, sx), xq the int8 codes as
+    float32 [..., K / run, run], sx = absmax / 127 [..., K / run, 1]."""
     pd = paddle()
-    runs = x.astype("float32").reshape(list(x.shape[:-1]) + [x.shape[-1] // 32, 32])
+    runs = x.astype("float32").reshape(list(x.shape[:-1]) + [x.shape[-1] // run, run])
     sx = runs.abs().max(axis=-1, keepdim=True) / 127.0
     # the quotient in float32 as the kernels compute it, rounded in float64 (exact)
     quotient = (runs / pd.where(sx == 0, pd.ones_like(sx), sx)).astype("float64")
@@ -212,7 +223,7 @@ class _WeightOnly(OpImpl):
         group sums of float x."""
         pd = paddle()
         k = x.shape[-1]
-        xq, sx = quantize_x_int8(x)
+        xq, sx = quantize_x_int8(x, x_int8_run(self.bits, k, self.group_size))
         xd = (xq.astype("float64") * sx.astype("float64")).reshape(list(x.shape))
         q = dequantize(qweight, pd.ones_like(scales), self.bits, self.group_size, k).astype("float64")
         group = k if self.group_size == -1 else self.group_size
@@ -233,9 +244,10 @@ def weight_only_linear(x, qweight, scales, bias=None, bits: int = 8, group_size:
     Differentiable with respect to x and bias, so LoRA adapters can train on a quantized base.
 
     ``x_int8``: an approximation for inference (as llama.cpp's quantized dot products): x is
-    quantized to int8 per run of 32 along K (its own scale absmax / 127 each) and multiplied with
-    the codes in integers; ~1e-3 relative error. K and group_size must be multiples of 32. Forward
-    only: x and bias must not require gradients while gradients are recorded.
+    quantized to int8 per run along K (its own scale absmax / 127 each; runs of 32 for 8-bit
+    weights, up to 128 for 4-bit ones: :func:`x_int8_run`) and multiplied with the codes in
+    integers; 5e-3 to 7e-3 relative error against the exact product for Gaussian x. K and group_size must be multiples
+    of 32. Forward only: x and bias must not require gradients while gradients are recorded.
 
     ``compute_dtype`` "bfloat16": float32 x is rounded to bfloat16 for the products (AMX tiles
     where the CPU has them), y stays float32: the bfloat16 product without converting x and y

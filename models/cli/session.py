@@ -21,7 +21,7 @@ def add_model_flags(p) -> None:
                         "int8/int4 kernels (default); float: dequantize everything to float32")
     p.add_argument("--int8-activations", action="store_true",
                    help="decode faster by quantizing the activations that meet quantized weights to int8 "
-                        "(per 32 values, as llama.cpp does); logits move by about 0.5%%")
+                        "(per 32 to 128 values, as llama.cpp does); logits move by about 0.5%%")
     p.add_argument("--bf16", action="store_true",
                    help="multiply in bfloat16 (AMX tiles where the CPU has them): prefill rounds activations to "
                         "bfloat16, decode reads bfloat16 copies of the weights (2 bytes each). For serving: a "

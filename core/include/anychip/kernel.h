@@ -85,13 +85,15 @@
  *                    GGUF formats use 32).
  *                    Optional 4th attr x_int8 (absent: 0), an approximation for decoding as
  *                    llama.cpp's quantized dot products make: with 1, each row of x is first
- *                    quantized per run of 32 elements (K and group_size multiples of 32, or
- *                    group_size -1, so that each run lies in one group): sx = absmax / 127,
+ *                    quantized per run of R elements, R = 32 for bits 8 and, for bits 4, the
+ *                    largest of 128, 64 and 32 that divides the group size (K for group_size
+ *                    -1) (K and group_size multiples of 32, or group_size -1, so that each run
+ *                    lies in one group): sx = absmax / 127,
  *                    xq = clamp(round_half_away(x / sx), -127, 127) (sx 0: xq 0), and
  *                    y[n] = sum over runs r of scales[n, g(r)] * sx[r] * sum_{k in r} q[n, k] xq[k]
  *                           + sum_g offsets[n, g] * (sum of x over group g) + bias[n]
  *                    (the integer sums exact, the float sums in any order). Forward only; relative
- *                    error ~5e-3 against the float product for Gaussian x.
+ *                    error against the exact product ~5e-3 (R 32) to ~7e-3 (R 128) for Gaussian x.
  *                    Optional 5th attr bf16_products (absent: 0; excludes x_int8): with 1, float32
  *                    x is rounded to bfloat16 (to nearest even) for the products, as if x were
  *                    bfloat16, and y stays float32 (where the products run on bfloat16 hardware,

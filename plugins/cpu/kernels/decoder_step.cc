@@ -101,7 +101,7 @@ class Inputs {
               "-bit weights in groups of " + std::to_string(f.group_size);
       return false;
     }
-    if (x_int8_ && (k % quant::XInt8::kRun != 0 || q.group % quant::XInt8::kRun != 0)) {
+    if (x_int8_ && (k % quant::XInt8::kMinRun != 0 || q.group % quant::XInt8::kMinRun != 0)) {
       error = label(layer, name, "") + ": x_int8 needs K = " + std::to_string(k) + " and the group size " +
               std::to_string(q.group) + " to be multiples of 32";
       return false;

@@ -200,7 +200,7 @@ void Input::set(const Lin& lin, const float* in) {
     for (int64_t i = 0; i < m * k; ++i) rounded_buffer_[i] = to_float(from_float<bf16>(in[i]));
     rounded = rounded_buffer_.data();
   } else if (lin.bits != 0 && x_int8_) {
-    quant::quantize_x(in, m, k, lin.bits, &int8_buffer_, isa);
+    quant::quantize_x(in, m, k, lin.bits, lin.q.group, &int8_buffer_, isa);
     int8 = &int8_buffer_;
   }
 }

@@ -100,22 +100,34 @@ void add_offsets_sums(const QWeight& w, const float* sums, int64_t m, int64_t n0
 
 // ---- int8 activations (weight_only_linear's x_int8) --------------------------------------------
 
-// M rows of x quantized per run of 32 elements: sx = absmax / 127, xq = clamp(round_half_away(x /
-// sx), -127, 127) (sx 0: xq 0). quantize_x builds it for the bit width of the weights it is to
-// meet; gemv_int8x then reads it on any number of row ranges. K must be a multiple of 32.
+// x_int8's run length (kernel.h): 8-bit W, 32; 4-bit W, the largest of 128, 64 and 32 that
+// divides the group size (K for one group per row). A run lies in one group; a longer run is
+// one float scaling per 128 k instead of four, while the 4-bit codes' own rounding costs 7-20x
+// the error of int8 x in runs of 128 (heavy-tailed to Gaussian x, K = 4096).
+constexpr int64_t x_run(int bits, int64_t group) {
+  if (bits != 4) return 32;
+  return group % 128 == 0 ? 128 : group % 64 == 0 ? 64 : 32;
+}
+
+// M rows of x quantized per run of `run` elements (x_run): sx = absmax / 127, xq =
+// clamp(round_half_away(x / sx), -127, 127) (sx 0: xq 0). quantize_x builds it for the weights
+// it is to meet; gemv_int8x then reads it on any number of row ranges. K must be a multiple of
+// the run.
 struct XInt8 {
-  static constexpr int64_t kRun = 32;
+  static constexpr int64_t kMinRun = 32;  // every run is a multiple of it
   int bits = 4;
+  int64_t run = kMinRun;
   int64_t m = 0, k = 0;
   std::vector<int8_t> q;       // [m][k]
-  std::vector<float> scale;    // [m][k / 32]: sx of each run
+  std::vector<float> scale;    // [m][k / run]: sx of each run
   // The same rows laid out for the AVX-512 products (quant_gemv_int8x.cc), or for 4 bits on
   // AVX2 each run's share of the codes' +8 (quant_gemv_avx2.cc), row_bytes each from the first
   // 64-byte boundary of `packed`.
   std::vector<uint8_t> packed;
   int64_t row_bytes = 0;
 
-  // Room for m rows of k at either bit width, so that quantize_x then allocates nothing.
+  int64_t runs() const { return k / run; }
+  // Room for m rows of k at either bit width and any run, so that quantize_x then allocates nothing.
   void reserve(int64_t m, int64_t k);
 
   const uint8_t* row(int64_t i) const {
@@ -124,22 +136,23 @@ struct XInt8 {
   }
 };
 
-void quantize_x(const float* x, int64_t m, int64_t k, int bits, XInt8* out, Isa isa);
+// x quantized for W of `bits` bits and groups of `group` k (runs of x_run(bits, group)).
+void quantize_x(const float* x, int64_t m, int64_t k, int bits, int64_t group, XInt8* out, Isa isa);
 
 // y[i][n] = sum over runs r of scales[n][g(r)] * sx[i][r] * sum_{k in r} q[n][k] xq[i][k] for
 // i < x.m, n in [n0, n1): the symmetric part of the x_int8 product (add_offsets adds the
 // offsets' share, from float x). The integer sums are exact; each output's float arithmetic
-// depends only on M, not on [n0, n1). w.group must be a multiple of 32, w.bits that of x.
+// depends only on M, not on [n0, n1). x quantized for w (quantize_x with w's bits and group).
 void gemv_int8x(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float* y, int64_t ldy, Isa isa);
 
 // gemv and gemv_int8x on AVX2 + FMA (quant_gemv_avx2.cc), for the symmetric part of W (4 bits:
 // K a multiple of 64). Every row of x any M, each row's sums the same whatever M.
 void gemv_avx2(const QWeight& w, const float* x, int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy);
 void gemv_int8x_avx2(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float* y, int64_t ldy);
-// quantize_x's runs on AVX2, bit for bit as its scalar loop: `runs` runs of 32 of x into their
-// codes q and scales sx, and with `offsets` each run's share of the 4-bit codes' +8 (sx * -8 *
-// the sum of its codes).
-void quantize_runs_avx2(const float* x, int64_t runs, int8_t* q, float* sx, float* offsets);
+// quantize_x's runs on AVX2, bit for bit as its scalar loop: `runs` runs of `run` (a multiple of
+// 32) of x into their codes q and scales sx, and with `offsets` each run's share of the 4-bit
+// codes' +8 (sx * -8 * the sum of its codes).
+void quantize_runs_avx2(const float* x, int64_t runs, int64_t run, int8_t* q, float* sx, float* offsets);
 
 // acc[i * ldacc + k - k0] += sum_n dy[i][n] W[n][k] for i < M, k in [k0, k1), W with its offsets;
 // dy float32 [M][N]. scratch holds 4 * (k1 - k0) floats.

@@ -9,10 +9,12 @@
 // (8 bits); other group sizes dequantize each row first.
 //
 // int8 x: integer products with vpmaddubsw / vpmaddwd, each dword lane of a product summing four
-// consecutive k of one run of 32; the lanes summed in float times each
-// run's sx over a group, then times the group's scale. 4 bits: the codes (q + 8, unsigned) times
-// x (signed), the +8's share of each run (sx * -8 * the sum of its x codes, from quantize_x)
-// added once per group; 8 bits: |w| times x with w's sign.
+// consecutive k of one run of x; the lanes summed in float times each run's sx over a group, then
+// times the group's scale. 4 bits: the codes (q + 8, unsigned) times x (signed), the +8's share
+// of each run (sx * -8 * the sum of its x codes, from quantize_x) added once per group; runs of
+// 64 or 128 k sum their vpmaddubsw pairs in int16 first (at most 4 * 2 * 15 * 127), one
+// vpmaddwd, conversion and FMA per run, and take W one row at a time. 8 bits: |w| times x with
+// w's sign, runs of 32.
 #include <algorithm>
 #include <vector>
 
@@ -28,6 +30,8 @@ namespace {
 // Each tile prefetches the same columns of the rows this many tiles ahead into L2, so that the
 // next tiles' rows are streaming while this one computes.
 constexpr int64_t kPrefetchTiles = 2;
+// A tile of one row prefetches the row this many rows ahead.
+constexpr int64_t kPrefetchRows = 4;
 
 template <int MR, int NR>
 QUANT_AVX2_INLINE void store_sums(const __m256 (&acc)[MR][NR], int64_t n, float* y, int64_t ldy) {
@@ -278,7 +282,7 @@ struct XRows {
   XRows(const QWeight& w, const XInt8& x, int64_t i0) {
     for (int i = 0; i < MR; ++i) {
       q[i] = x.q.data() + (i0 + i) * w.k;
-      sx[i] = x.scale.data() + (i0 + i) * (w.k / XInt8::kRun);
+      sx[i] = x.scale.data() + (i0 + i) * x.runs();
     }
   }
 };
@@ -305,12 +309,12 @@ template <int MR, int NR>
 QUANT_AVX2_INLINE void add_high(__m256 (&sum)[MR][NR], int r, __m256i block, const XRows<MR>& xr, int64_t blk) {
   const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(block, 4), _mm256_set1_epi8(15));
   __m256i s[MR];
-  for (int i = 0; i < MR; ++i) s[i] = dot4(hi, xr.q[i] + 64 * blk + XInt8::kRun);
+  for (int i = 0; i < MR; ++i) s[i] = dot4(hi, xr.q[i] + 64 * blk + 32);
   add_run<MR, NR>(sum, r, s, xr.sx, 2 * blk + 1);
 }
 
-// Rows n .. n + NR - 1 of 4-bit W against rows i0 .. i0 + MR - 1 of x, a block (runs 2b and
-// 2b + 1, the low and the high nibbles) at a time: each run's lane sums times its sx added to
+// Rows n .. n + NR - 1 of 4-bit W against rows i0 .. i0 + MR - 1 of x quantized in runs of 32,
+// a block (runs 2b and 2b + 1, the low and the high nibbles) at a time: each run's lane sums times its sx added to
 // its group's sums, closed where the run ends the group (Groups). kOdd: groups of an odd number
 // of runs, which may end after a block's low nibbles (a branchy run-by-run loop for those made
 // GGUF's groups of 32 slower with int8 x than with float x); otherwise a group ends only after
@@ -322,7 +326,7 @@ QUANT_AVX2 void tile_int8x4(const QWeight& w, const XInt8& x, const float* group
   const XRows<MR> xr(w, x, i0);
   __m256 acc[MR][NR], sum[MR][NR];
   zero(acc, sum);
-  const int64_t group_runs = w.group / XInt8::kRun;
+  const int64_t group_runs = w.group / x.run;
   const __m256i low4 = _mm256_set1_epi8(15);
   Groups groups{GroupWalk{group_runs}};
   const float* offsets = group_offset + i0 * w.groups;
@@ -346,6 +350,78 @@ QUANT_AVX2 void tile_int8x4(const QWeight& w, const XInt8& x, const float* group
   store_sums<MR, NR>(acc, n, y + i0 * ldy, ldy);
 }
 
+// pairs[i] = the int16 pair sums of run `run` (kRunBlocks blocks) of a 4-bit row against row i of
+// x: each block's low and high vpmaddubsw products, added (at most 4 * 2 * 15 * 127, no
+// saturation). The row `ahead` is prefetched at the same columns.
+template <int MR, int kRunBlocks>
+QUANT_AVX2_INLINE void run_pairs(__m256i (&pairs)[MR], const uint8_t* row, const uint8_t* ahead, const XRows<MR>& xr,
+                                 int64_t run) {
+  const __m256i low4 = _mm256_set1_epi8(15);
+  for (int j = 0; j < kRunBlocks; ++j) {
+    const int64_t blk = run * kRunBlocks + j;
+    if (j % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(ahead + 32 * blk), _MM_HINT_T0);
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * blk));
+    const __m256i lo = _mm256_and_si256(b, low4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low4);
+    for (int i = 0; i < MR; ++i) {
+      const int8_t* xq = xr.q[i] + 64 * blk;
+      const __m256i p =
+          _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq))),
+                           _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32))));
+      pairs[i] = j == 0 ? p : _mm256_add_epi16(pairs[i], p);
+    }
+  }
+}
+
+// sum[i] += float(the lane sums of pairs[i]) * sx of run `run` of x row i.
+template <int MR>
+QUANT_AVX2_INLINE void add_pairs(__m256 (&sum)[MR], const __m256i (&pairs)[MR], const XRows<MR>& xr, int64_t run) {
+  for (int i = 0; i < MR; ++i)
+    sum[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(pairs[i], _mm256_set1_epi16(1))),
+                             _mm256_broadcast_ss(xr.sx[i] + run), sum[i]);
+}
+
+// Rows [n0, n1) of 4-bit W, one at a time, against rows i0 .. i0 + MR - 1 of x quantized in runs
+// of 64 kRunBlocks k (a group holds whole runs): per run, the int16 pair sums (run_pairs), then
+// one vpmaddwd, conversion and FMA times sx; per group, the +8's share and the scale. One row of
+// W at a time streams W front to back: with 4 rows at a time (4 streams 2 KB apart at K = 4096)
+// the GEMV from DRAM took 1.2x as long for the same arithmetic (2026-12-01).
+template <int MR, int kRunBlocks>
+QUANT_AVX2 void rows_int8x4_runs(const QWeight& w, const XInt8& x, const float* group_offset, int64_t i0, int64_t n0,
+                                 int64_t n1, float* y, int64_t ldy) {
+  const XRows<MR> xr(w, x, i0);
+  const float* offsets = group_offset + i0 * w.groups;
+  const int64_t group_runs = w.group / (64 * kRunBlocks);
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w.row(n);
+    const uint8_t* ahead = w.row(std::min(n + kPrefetchRows, w.n - 1));
+    const float* sc = w.row_scales(n);
+    __m256 acc[MR];
+    for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+    __m256i pairs[MR];
+    __m256 sum[MR];
+    if (group_runs == 1) {  // groups of one run (the usual case), flat: a nested loop took 1.3x as long
+      for (int64_t g = 0; g < w.groups; ++g) {
+        for (int i = 0; i < MR; ++i) sum[i] = _mm256_setr_ps(offsets[i * w.groups + g], 0, 0, 0, 0, 0, 0, 0);
+        run_pairs<MR, kRunBlocks>(pairs, row, ahead, xr, g);
+        add_pairs<MR>(sum, pairs, xr, g);
+        const __m256 s = _mm256_broadcast_ss(sc + g);
+        for (int i = 0; i < MR; ++i) acc[i] = _mm256_fmadd_ps(sum[i], s, acc[i]);
+      }
+    } else {
+      for (int64_t g = 0, run = 0; g < w.groups; ++g) {
+        for (int i = 0; i < MR; ++i) sum[i] = _mm256_setr_ps(offsets[i * w.groups + g], 0, 0, 0, 0, 0, 0, 0);
+        for (int64_t r = 0; r < group_runs; ++r, ++run) {
+          run_pairs<MR, kRunBlocks>(pairs, row, ahead, xr, run);
+          add_pairs<MR>(sum, pairs, xr, run);
+        }
+        const __m256 s = _mm256_broadcast_ss(sc + g);
+        for (int i = 0; i < MR; ++i) acc[i] = _mm256_fmadd_ps(sum[i], s, acc[i]);
+      }
+    }
+    for (int i = 0; i < MR; ++i) y[(i0 + i) * ldy + n] = avx2::sum8(acc[i]);
+  }
+}
+
 // The same for 8-bit W, a run at a time.
 template <int MR, int NR>
 QUANT_AVX2 void tile_int8x8(const QWeight& w, const XInt8& x, int64_t i0, int64_t n, float* y, int64_t ldy) {
@@ -353,10 +429,10 @@ QUANT_AVX2 void tile_int8x8(const QWeight& w, const XInt8& x, int64_t i0, int64_
   const XRows<MR> xr(w, x, i0);
   __m256 acc[MR][NR], sum[MR][NR];
   zero(acc, sum);
-  const int64_t group_runs = w.group / XInt8::kRun;
+  const int64_t group_runs = w.group / x.run;
   for (int64_t g = 0; g < w.groups; ++g) {
     for (int64_t run = g * group_runs; run < (g + 1) * group_runs; ++run) {
-      const int64_t k = run * XInt8::kRun;
+      const int64_t k = run * x.run;
       if ((run & 1) == 0) rows.prefetch(k);
       for (int r = 0; r < NR; ++r) {
         __m256i s[MR];
@@ -373,7 +449,11 @@ template <int MR, int NR>
 void rows_int8x(const QWeight& w, const XInt8& x, const float* group_offset, int64_t i0, int64_t n0, int64_t n1,
                 float* y, int64_t ldy) {
   int64_t n = n0;
-  if (w.bits == 4 && w.group / XInt8::kRun % 2 != 0) {
+  if (w.bits == 4 && x.run == 128) {
+    rows_int8x4_runs<MR, 2>(w, x, group_offset, i0, n0, n1, y, ldy);
+  } else if (w.bits == 4 && x.run == 64) {
+    rows_int8x4_runs<MR, 1>(w, x, group_offset, i0, n0, n1, y, ldy);
+  } else if (w.bits == 4 && w.group / x.run % 2 != 0) {
     for (; n + NR <= n1; n += NR) tile_int8x4<MR, NR, true>(w, x, group_offset, i0, n, y, ldy);
     for (; n < n1; ++n) tile_int8x4<MR, 1, true>(w, x, group_offset, i0, n, y, ldy);
   } else if (w.bits == 4) {
@@ -391,7 +471,7 @@ void rows_int8x(const QWeight& w, const XInt8& x, const float* group_offset, int
 std::vector<float> group_offsets(const QWeight& w, const XInt8& x) {
   if (w.bits != 4) return {};
   std::vector<float> out(static_cast<size_t>(x.m * w.groups));
-  const int64_t group_runs = w.group / XInt8::kRun;
+  const int64_t group_runs = w.group / x.run;
   for (int64_t i = 0; i < x.m; ++i) {
     const float* offset = reinterpret_cast<const float*>(x.row(i));
     for (int64_t g = 0; g < w.groups; ++g) {
@@ -414,31 +494,33 @@ QUANT_AVX2_INLINE __m256 round_half_away8(__m256 v) {
 
 }  // namespace
 
-QUANT_AVX2 void quantize_runs_avx2(const float* x, int64_t runs, int8_t* q, float* sx, float* offsets) {
+QUANT_AVX2 void quantize_runs_avx2(const float* x, int64_t runs, int64_t run, int8_t* q, float* sx, float* offsets) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
   for (int64_t r = 0; r < runs; ++r) {
-    __m256 v[4], amax = _mm256_setzero_ps();
-    for (int j = 0; j < 4; ++j) {
-      v[j] = _mm256_loadu_ps(x + r * 32 + 8 * j);
-      amax = _mm256_max_ps(_mm256_and_ps(v[j], abs_mask), amax);  // a NaN lane keeps amax, as std::max
-    }
+    const float* v = x + r * run;
+    __m256 amax = _mm256_setzero_ps();
+    // a NaN lane keeps amax, as std::max
+    for (int64_t j = 0; j < run; j += 8) amax = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(v + j), abs_mask), amax);
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     m = _mm_max_ss(m, _mm_movehdup_ps(m));
     const float s = _mm_cvtss_f32(m) / 127.0f;
     sx[r] = s;
-    __m256i c[4];
-    for (int j = 0; j < 4; ++j) {
-      const __m256 t = round_half_away8(_mm256_div_ps(v[j], _mm256_set1_ps(s)));
-      c[j] = s == 0.0f ? _mm256_setzero_si256() : _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(t, lo), hi));
+    __m256i sum = _mm256_setzero_si256();
+    for (int64_t j0 = 0; j0 < run; j0 += 32) {
+      __m256i c[4];
+      for (int j = 0; j < 4; ++j) {
+        const __m256 t = round_half_away8(_mm256_div_ps(_mm256_loadu_ps(v + j0 + 8 * j), _mm256_set1_ps(s)));
+        c[j] = s == 0.0f ? _mm256_setzero_si256() : _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(t, lo), hi));
+      }
+      // int32 -> int8 packs within 128-bit lanes: dwords come out in the order 0 4 1 5 2 6 3 7.
+      const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + r * run + j0),
+                          _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+      sum = _mm256_add_epi32(sum, _mm256_add_epi32(_mm256_add_epi32(c[0], c[1]), _mm256_add_epi32(c[2], c[3])));
     }
-    // int32 -> int8 packs within 128-bit lanes: dwords come out in the order 0 4 1 5 2 6 3 7.
-    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + r * 32),
-                        _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
     if (offsets != nullptr) {
-      const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(c[0], c[1]), _mm256_add_epi32(c[2], c[3]));
       __m128i h = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
       h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
       h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));

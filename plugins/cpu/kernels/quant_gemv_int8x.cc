@@ -1,11 +1,13 @@
-// weight_only_linear's x_int8 products (kernel.h): x quantized to int8 per run of 32 elements,
-// integer dot products against the weight codes with AVX-512 VNNI (vpdpbusd: unsigned bytes times
-// signed bytes, four products summed into each dword lane), then one float scale per run.
+// weight_only_linear's x_int8 products (kernel.h): x quantized to int8 per run (x_run: 32 elements,
+// or up to 128 for 4-bit W), integer dot products against the weight codes with AVX-512 VNNI
+// (vpdpbusd: unsigned bytes times signed bytes, four products summed into each dword lane), then
+// each lane times its run's scale.
 //
 // 4 bits: a 64-byte load holds two 32-byte blocks, k = 128c + [0, 128). Its low nibbles are the
 // codes q + 8 (unsigned) of k 0-31 and 64-95, its high nibbles those of 32-63 and 96-127; x is
-// stored in that order, so each dword lane of a product belongs to one run. The +8 of the codes
-// is taken back by starting each lane's sum at -8 times the sum of its four x codes.
+// stored in that order, so each dword lane of a product belongs to one piece of 32 k, and so to
+// one run. The +8 of the codes is taken back by starting each lane's sum at -8 times the sum of
+// its four x codes.
 // 8 bits: the weights are the signed operand and x + 128 the unsigned one; each lane's sum starts
 // at -128 times the sum of its four weights (a product of the weights with 128s).
 //
@@ -27,7 +29,8 @@
 namespace anychip::cpu::quant {
 namespace {
 
-constexpr int64_t kRun = XInt8::kRun;
+// The layout places x in pieces of 32 k, each filling 8 dword lanes (runs are whole pieces).
+constexpr int64_t kPiece = XInt8::kMinRun;
 
 // k per chunk of the AVX-512 layout (one 64-byte load of weights), and a row's bytes per chunk:
 // 4 bits: the codes of the low and the high nibbles (64 bytes each), each half's lane starts
@@ -36,26 +39,26 @@ int64_t chunk_k(int bits) { return bits == 4 ? 128 : 64; }
 int64_t chunk_bytes(int bits) { return bits == 4 ? 384 : 128; }
 int64_t chunks(int bits, int64_t k) { return (k + chunk_k(bits) - 1) / chunk_k(bits); }
 
-// Where run j of a chunk's layout comes from: its first k within the chunk (4 bits: the low
-// nibbles' runs 0 and 2, then the high nibbles' 1 and 3).
-int64_t run_source(int bits, int64_t j) {
+// Where piece j of a chunk's layout comes from: its first k within the chunk (4 bits: the low
+// nibbles' pieces 0 and 2, then the high nibbles' 1 and 3).
+int64_t piece_source(int bits, int64_t j) {
   constexpr int64_t kLowHigh[4] = {0, 64, 32, 96};
-  return bits == 4 ? kLowHigh[j] : kRun * j;
+  return bits == 4 ? kLowHigh[j] : kPiece * j;
 }
 
-// Row i of x, quantized (q, sx per run), in the AVX-512 layout; zeros past K.
-void pack_row(const int8_t* q, const float* sx, int64_t k, int bits, uint8_t* out) {
+// Row i of x, quantized (q, sx per run of `run`), in the AVX-512 layout; zeros past K.
+void pack_row(const int8_t* q, const float* sx, int64_t k, int bits, int64_t run, uint8_t* out) {
   const int64_t ck = chunk_k(bits);
   for (int64_t c = 0; c < chunks(bits, k); ++c) {
     uint8_t* codes = out + c * chunk_bytes(bits);
     int32_t start[2][16];
     float lanes[2][16];
-    for (int64_t j = 0; j < ck / kRun; ++j) {
-      // Run j fills 8 dword lanes: lanes 8 (j % 2) .. of half j / 2.
-      const int64_t src = c * ck + run_source(bits, j), half = bits == 4 ? j / 2 : 0, lane0 = 8 * (j % 2);
-      uint8_t* dst = codes + kRun * j;
+    for (int64_t j = 0; j < ck / kPiece; ++j) {
+      // Piece j fills 8 dword lanes: lanes 8 (j % 2) .. of half j / 2.
+      const int64_t src = c * ck + piece_source(bits, j), half = bits == 4 ? j / 2 : 0, lane0 = 8 * (j % 2);
+      uint8_t* dst = codes + kPiece * j;
       const bool real = src < k;
-      for (int64_t t = 0; t < kRun; ++t) {
+      for (int64_t t = 0; t < kPiece; ++t) {
         const int v = real ? q[src + t] : 0;
         dst[t] = static_cast<uint8_t>(bits == 8 ? v + 128 : v);
       }
@@ -65,7 +68,7 @@ void pack_row(const int8_t* q, const float* sx, int64_t k, int bits, uint8_t* ou
         if (!real) continue;
         const int8_t* four = q + src + 4 * l;
         start[half][lane0 + l] = -8 * (four[0] + four[1] + four[2] + four[3]);
-        lanes[half][lane0 + l] = sx[src / kRun];
+        lanes[half][lane0 + l] = sx[src / run];
       }
     }
     if (bits == 4) {
@@ -79,15 +82,15 @@ void pack_row(const int8_t* q, const float* sx, int64_t k, int bits, uint8_t* ou
 
 // ---- quantizing x ------------------------------------------------------------------------------
 
-void quantize_runs_scalar(const float* x, int64_t runs, int8_t* q, float* sx) {
+void quantize_runs_scalar(const float* x, int64_t runs, int64_t run, int8_t* q, float* sx) {
   for (int64_t r = 0; r < runs; ++r) {
-    const float* v = x + r * kRun;
+    const float* v = x + r * run;
     float amax = 0.0f;
-    for (int64_t j = 0; j < kRun; ++j) amax = std::max(amax, std::fabs(v[j]));
+    for (int64_t j = 0; j < run; ++j) amax = std::max(amax, std::fabs(v[j]));
     const float s = amax / 127.0f;
     sx[r] = s;
-    for (int64_t j = 0; j < kRun; ++j)
-      q[r * kRun + j] = s == 0.0f ? 0 : static_cast<int8_t>(std::clamp(round_half_away(v[j] / s), -127.0f, 127.0f));
+    for (int64_t j = 0; j < run; ++j)
+      q[r * run + j] = s == 0.0f ? 0 : static_cast<int8_t>(std::clamp(round_half_away(v[j] / s), -127.0f, 127.0f));
   }
 }
 
@@ -97,24 +100,25 @@ QUANT_INLINE void store_codes(__m512 v, __m512 s, int8_t* q) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(c)));
 }
 
-QUANT_AVX512 void quantize_runs_avx512(const float* x, int64_t runs, int8_t* q, float* sx) {
+QUANT_AVX512 void quantize_runs_avx512(const float* x, int64_t runs, int64_t run, int8_t* q, float* sx) {
   for (int64_t r = 0; r < runs; ++r) {
-    const __m512 a = _mm512_loadu_ps(x + r * kRun), b = _mm512_loadu_ps(x + r * kRun + 16);
-    const float s = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b))) / 127.0f;
+    const float* v = x + r * run;
+    __m512 amax = _mm512_setzero_ps();
+    for (int64_t j = 0; j < run; j += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(v + j)));
+    const float s = _mm512_reduce_max_ps(amax) / 127.0f;
     sx[r] = s;
     if (s == 0.0f) {
-      std::memset(q + r * kRun, 0, kRun);
+      std::memset(q + r * run, 0, static_cast<size_t>(run));
       continue;
     }
-    store_codes(a, _mm512_set1_ps(s), q + r * kRun);
-    store_codes(b, _mm512_set1_ps(s), q + r * kRun + 16);
+    for (int64_t j = 0; j < run; j += 16) store_codes(_mm512_loadu_ps(v + j), _mm512_set1_ps(s), q + r * run + j);
   }
 }
 
 // ---- scalar product ----------------------------------------------------------------------------
 
 void gemv_scalar(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float* y, int64_t ldy) {
-  const int64_t runs = w.k / kRun;
+  const int64_t runs = x.runs();
   std::vector<int32_t> codes(static_cast<size_t>(w.k));
   for (int64_t n = n0; n < n1; ++n) {
     for (int64_t k = 0; k < w.k; ++k) codes[k] = qvalue(w, n, k);
@@ -124,8 +128,8 @@ void gemv_scalar(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float
       float acc = 0.0f;
       for (int64_t r = 0; r < runs; ++r) {
         int32_t sum = 0;
-        for (int64_t j = r * kRun; j < (r + 1) * kRun; ++j) sum += codes[j] * xq[j];
-        acc += static_cast<float>(sum) * (x.scale[i * runs + r] * sc[r * kRun / w.group]);
+        for (int64_t j = r * x.run; j < (r + 1) * x.run; ++j) sum += codes[j] * xq[j];
+        acc += static_cast<float>(sum) * (x.scale[i * runs + r] * sc[r * x.run / w.group]);
       }
       y[i * ldy + n] = acc;
     }
@@ -175,8 +179,8 @@ QUANT_INLINE void lane_fma(__m512 (&acc)[MR][NR], int i, int r, __m512i sums, __
 }
 
 // Rows n .. n + NR - 1 of 4-bit W against rows i0 .. i0 + MR - 1 of x over the chunks [c0, c1).
-// group[4c + j] is the group of run 4c + j. kChunkGroups: the group size is a multiple of 128, so
-// a chunk's runs share one scale per row, applied once to the chunk's two halves' lane sums.
+// group[4c + j] is the group of piece 4c + j. kChunkGroups: the group size is a multiple of 128,
+// so a chunk's pieces share one scale per row, applied once to the chunk's two halves' lane sums.
 template <int MR, int NR, bool kChunkGroups>
 QUANT_AVX512 void tile4(const QWeight& w, const XInt8& x, const int32_t* group, int64_t i0, int64_t n, int64_t c0,
                         int64_t c1, float* y, int64_t ldy, bool first) {
@@ -223,7 +227,7 @@ QUANT_AVX512 void tile4(const QWeight& w, const XInt8& x, const int32_t* group, 
   store_sums<MR, NR>(acc, n, y + i0 * ldy, ldy, first);
 }
 
-// As tile4 for 8-bit W: chunks of 64 k, group[2c + j] the group of run 2c + j.
+// As tile4 for 8-bit W: chunks of 64 k, group[2c + j] the group of piece 2c + j.
 template <int MR, int NR>
 QUANT_AVX512 void tile8(const QWeight& w, const XInt8& x, const int32_t* group, int64_t i0, int64_t n, int64_t c0,
                         int64_t c1, float* y, int64_t ldy, bool first) {
@@ -288,10 +292,10 @@ void rows_avx512(const QWeight& w, const XInt8& x, const int32_t* group, int64_t
 }
 
 void gemv_avx512(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float* y, int64_t ldy) {
-  // The group of every run, padded to whole chunks (the padding's lanes are zero).
-  const int64_t runs = w.k / kRun, padded = chunks(w.bits, w.k) * chunk_k(w.bits) / kRun;
+  // The group of every piece, padded to whole chunks (the padding's lanes are zero).
+  const int64_t pieces = w.k / kPiece, padded = chunks(w.bits, w.k) * chunk_k(w.bits) / kPiece;
   std::vector<int32_t> group(static_cast<size_t>(padded), 0);
-  for (int64_t r = 0; r < runs; ++r) group[r] = static_cast<int32_t>(r * kRun / w.group);
+  for (int64_t r = 0; r < pieces; ++r) group[r] = static_cast<int32_t>(r * kPiece / w.group);
   // Accumulators MR x NR; with the codes and lane scales of NR rows, all in registers.
   for (int64_t i0 = 0; i0 < x.m; i0 += kGemvRows) {
     switch (std::min(kGemvRows, x.m - i0)) {
@@ -311,16 +315,17 @@ void gemv_avx512(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float
 
 void XInt8::reserve(int64_t rows, int64_t cols) {
   q.reserve(static_cast<size_t>(rows * cols));
-  scale.reserve(static_cast<size_t>(rows * (cols / kRun)));
+  scale.reserve(static_cast<size_t>(rows * (cols / kMinRun)));
   const int64_t widest = std::max(chunks(4, cols) * chunk_bytes(4), chunks(8, cols) * chunk_bytes(8));
   packed.reserve(static_cast<size_t>(rows * widest + 64));
 }
 
-void quantize_x(const float* x, int64_t m, int64_t k, int bits, XInt8* out, Isa isa) {
-  const int64_t runs = k / kRun;
+void quantize_x(const float* x, int64_t m, int64_t k, int bits, int64_t group, XInt8* out, Isa isa) {
   out->bits = bits;
+  out->run = x_run(bits, group);
   out->m = m;
   out->k = k;
+  const int64_t runs = out->runs();
   out->q.resize(static_cast<size_t>(m * k));
   out->scale.resize(static_cast<size_t>(m * runs));
   const bool avx2_offsets = isa == Isa::kAvx2 && bits == 4;
@@ -330,13 +335,13 @@ void quantize_x(const float* x, int64_t m, int64_t k, int bits, XInt8* out, Isa 
     int8_t* q = out->q.data() + i * k;
     float* sx = out->scale.data() + i * runs;
     if (isa == Isa::kAvx2) {
-      quantize_runs_avx2(x + i * k, runs, q, sx,
+      quantize_runs_avx2(x + i * k, runs, out->run, q, sx,
                          avx2_offsets ? reinterpret_cast<float*>(const_cast<uint8_t*>(out->row(i))) : nullptr);
     } else if (!has_avx512(isa)) {
-      quantize_runs_scalar(x + i * k, runs, q, sx);
+      quantize_runs_scalar(x + i * k, runs, out->run, q, sx);
     } else {
-      quantize_runs_avx512(x + i * k, runs, q, sx);
-      pack_row(q, sx, k, bits, const_cast<uint8_t*>(out->row(i)));
+      quantize_runs_avx512(x + i * k, runs, out->run, q, sx);
+      pack_row(q, sx, k, bits, out->run, const_cast<uint8_t*>(out->row(i)));
     }
   }
 }

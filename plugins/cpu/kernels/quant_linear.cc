@@ -8,8 +8,8 @@
 // dequantizes blocks of W into a scratch and runs a blocked product (quant_gemm.cc): AMX bf16
 // when x is bf16 and the CPU has AMX, AVX-512 FMA in float32 otherwise.
 //
-// With x_int8 (attr 3), x is quantized to int8 per run of 32 and every M goes through the VNNI
-// GEMV (quant_gemv_int8x.cc), row blocks of kGemvRows in turn.
+// With x_int8 (attr 3), x is quantized to int8 per run (quant.h's x_run) and every M goes
+// through the int8 GEMV (quant_gemv_int8x.cc, quant_gemv_avx2.cc), row blocks of kGemvRows in turn.
 //
 // Offsets: the float32 and int8-x GEMVs add their share, offsets times the group sums of (float)
 // x, after the symmetric product (quant_offsets.cc); every other path dequantizes W with them.
@@ -154,7 +154,7 @@ void forward_gemv(const QWeight& w, const float* x, int64_t m, const AnychipTens
 void forward_gemv_int8x(const QWeight& w, const float* x, int64_t m, const AnychipTensor& y, const float* bias,
                         Isa isa, int threads) {
   XInt8 xq;
-  quantize_x(x, m, w.k, w.bits, &xq, isa);
+  quantize_x(x, m, w.k, w.bits, w.group, &xq, isa);
   forward_blocks(w, x, m, y, bias, isa, threads,
                  [&](int64_t n0, int64_t n1, float* acc) { gemv_int8x(w, xq, n0, n1, acc, w.n, isa); });
 }
@@ -340,7 +340,7 @@ ANYCHIP_CPU_KERNEL(weight_only_linear) {
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: bf16_products takes float32 x", what);
   QWeight w;
   if (AnychipStatus st = read_weight(call, 1, last_dim(x), &w, what); st != ANYCHIP_OK) return st;
-  if (x_int8 == 1 && (w.k % XInt8::kRun != 0 || w.group % XInt8::kRun != 0))
+  if (x_int8 == 1 && (w.k % XInt8::kMinRun != 0 || w.group % XInt8::kMinRun != 0))
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED,
                 "%s: x_int8 needs K and the group size to be multiples of 32 (K = %lld, group %lld)", what,
                 static_cast<long long>(w.k), static_cast<long long>(w.group));
