@@ -214,3 +214,44 @@ def test_bad_weight_only_offsets_are_named_before_any_kernel(offsets, message):
         ops.weight_only_linear(x, qweight, scales, bits=4, group_size=32, offsets=offsets())
     assert message in str(info.value)
     assert not anychip.fallback_counts()
+
+
+def _packed_call(**change):
+    """weight_only_linear's tensor arguments (4 bits, K 128, N 8, groups of 32), one changed."""
+    args = dict(x=t((3, 128)), qweight=tensor(np.zeros((8, 64), np.uint8), "cpu"),
+                scales=tensor(np.ones((8, 4), np.float32), "cpu"), bias=t((8,)), bits=4, group_size=32,
+                offsets=tensor(np.zeros((8, 4), np.float32), "cpu"))
+    return args | {name: value() if callable(value) else value for name, value in change.items()}
+
+
+@pytest.mark.parametrize("change", [
+    {}, {"bias": None, "offsets": None}, {"x": lambda: t((3, 128), dtype="bfloat16"), "bias": None},
+    {"x": lambda: t((128,))}, {"x": lambda: t(())}, {"x": lambda: t((3, 64))}, {"x": lambda: np.zeros((3, 128))},
+    {"x": lambda: t((3, 128), dtype="float64")}, {"x": lambda: t((3, 128), "npu")},
+    {"qweight": lambda: tensor(np.zeros((8, 64), np.int8), "cpu")}, {"qweight": lambda: t((8, 64))},
+    {"qweight": lambda: tensor(np.zeros((8, 65), np.uint8), "cpu")},
+    {"qweight": lambda: tensor(np.zeros((8, 64, 1), np.uint8), "cpu")},
+    {"scales": lambda: tensor(np.ones((8, 2), np.float32), "cpu")}, {"scales": lambda: t((8, 4), dtype="float16")},
+    {"scales": lambda: tensor(np.ones((7, 4), np.float32), "cpu")}, {"scales": lambda: t((8, 4), "npu")},
+    {"bias": lambda: t((8,), dtype="bfloat16")}, {"bias": lambda: t((9,))}, {"bias": lambda: t((8,), "npu")},
+    {"offsets": lambda: tensor(np.zeros((8, 3), np.float32), "cpu")}, {"bits": 3}, {"bits": 8},
+    {"group_size": 48}, {"group_size": 0}, {"group_size": -1},
+])
+def test_one_pass_packed_checks_accept_only_what_the_full_checks_do(change):
+    """weight_only_linear first reads its arguments in one pass (quant._accept_packed) and only
+    calls the step-by-step checks when that pass does not accept them: it must never accept a
+    call those checks refuse, and must accept the plain good calls (else no call gains)."""
+    from anychip.ops import quant
+
+    args = _packed_call(**change)
+    fast = quant._accept_packed(args["x"], args["qweight"], args["scales"], args["bias"], args["bits"],
+                                args["group_size"], args["offsets"])
+    try:
+        *_, device = quant._check_packed("weight_only_linear", args["x"], args["qweight"], args["scales"],
+                                         args["bias"], args["bits"], args["group_size"], args["offsets"])
+    except (OpArgumentError, ValueError):
+        assert fast is None
+        return
+    assert fast == device
+    if not change or change.keys() <= {"bias", "offsets"} or "bfloat16" in str(change):
+        assert fast == ("cpu", 0)
