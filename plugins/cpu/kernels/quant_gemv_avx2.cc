@@ -30,8 +30,6 @@ namespace {
 // Each tile prefetches the same columns of the rows this many tiles ahead into L2, so that the
 // next tiles' rows are streaming while this one computes.
 constexpr int64_t kPrefetchTiles = 2;
-// A tile of one row prefetches the row this many rows ahead.
-constexpr int64_t kPrefetchRows = 4;
 
 template <int MR, int NR>
 QUANT_AVX2_INLINE void store_sums(const __m256 (&acc)[MR][NR], int64_t n, float* y, int64_t ldy) {
@@ -314,11 +312,11 @@ QUANT_AVX2_INLINE void add_high(__m256 (&sum)[MR][NR], int r, __m256i block, con
 }
 
 // Rows n .. n + NR - 1 of 4-bit W against rows i0 .. i0 + MR - 1 of x quantized in runs of 32,
-// a block (runs 2b and 2b + 1, the low and the high nibbles) at a time: each run's lane sums times its sx added to
-// its group's sums, closed where the run ends the group (Groups). kOdd: groups of an odd number
-// of runs, which may end after a block's low nibbles (a branchy run-by-run loop for those made
-// GGUF's groups of 32 slower with int8 x than with float x); otherwise a group ends only after
-// a block's high nibbles, and each row's block is taken whole.
+// a block (runs 2b and 2b + 1, the low and the high nibbles) at a time: each run's lane sums
+// times its sx added to its group's sums, closed where the run ends the group (Groups). kOdd:
+// groups of an odd number of runs, which may end after a block's low nibbles (a branchy
+// run-by-run loop for those made GGUF's groups of 32 slower with int8 x than with float x);
+// otherwise a group ends only after a block's high nibbles, and each row's block is taken whole.
 template <int MR, int NR, bool kOdd>
 QUANT_AVX2 void tile_int8x4(const QWeight& w, const XInt8& x, const float* group_offset, int64_t i0, int64_t n,
                             float* y, int64_t ldy) {
@@ -350,17 +348,17 @@ QUANT_AVX2 void tile_int8x4(const QWeight& w, const XInt8& x, const float* group
   store_sums<MR, NR>(acc, n, y + i0 * ldy, ldy);
 }
 
-// pairs[i] = the int16 pair sums of run `run` (kRunBlocks blocks) of a 4-bit row against row i of
-// x: each block's low and high vpmaddubsw products, added (at most 4 * 2 * 15 * 127, no
-// saturation). The row `ahead` is prefetched at the same columns.
+// s[i] = the 8 lane sums of run `run` (kRunBlocks blocks) of a 4-bit row against x row i: each
+// block's low and high vpmaddubsw products added in int16 (at most 4 * 2 * 15 * 127, no
+// saturation), then one vpmaddwd.
 template <int MR, int kRunBlocks>
-QUANT_AVX2_INLINE void run_pairs(__m256i (&pairs)[MR], const uint8_t* row, const uint8_t* ahead, const XRows<MR>& xr,
-                                 int64_t run) {
+QUANT_AVX2_INLINE void run_sums(__m256i (&s)[MR], const Rows<1>& rows, const XRows<MR>& xr, int64_t run) {
   const __m256i low4 = _mm256_set1_epi8(15);
+  __m256i pairs[MR];
   for (int j = 0; j < kRunBlocks; ++j) {
     const int64_t blk = run * kRunBlocks + j;
-    if (j % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(ahead + 32 * blk), _MM_HINT_T0);
-    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * blk));
+    if (blk % 2 == 0) rows.prefetch(32 * blk);
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows.row[0] + 32 * blk));
     const __m256i lo = _mm256_and_si256(b, low4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low4);
     for (int i = 0; i < MR; ++i) {
       const int8_t* xq = xr.q[i] + 64 * blk;
@@ -370,55 +368,46 @@ QUANT_AVX2_INLINE void run_pairs(__m256i (&pairs)[MR], const uint8_t* row, const
       pairs[i] = j == 0 ? p : _mm256_add_epi16(pairs[i], p);
     }
   }
+  for (int i = 0; i < MR; ++i) s[i] = _mm256_madd_epi16(pairs[i], _mm256_set1_epi16(1));
 }
 
-// sum[i] += float(the lane sums of pairs[i]) * sx of run `run` of x row i.
-template <int MR>
-QUANT_AVX2_INLINE void add_pairs(__m256 (&sum)[MR], const __m256i (&pairs)[MR], const XRows<MR>& xr, int64_t run) {
-  for (int i = 0; i < MR; ++i)
-    sum[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(pairs[i], _mm256_set1_epi16(1))),
-                             _mm256_broadcast_ss(xr.sx[i] + run), sum[i]);
+// Group g of a row: its `runs` runs from run0, each one's lane sums times sx, then the +8's
+// share and the scale. Inlined, so that with runs 1 (groups of one run, the usual) the loop
+// goes: a loop over a run count there took 1.3x as long.
+template <int MR, int kRunBlocks>
+QUANT_AVX2_INLINE void group_runs(__m256 (&acc)[MR][1], __m256 (&sum)[MR][1], const Rows<1>& rows,
+                                  const XRows<MR>& xr, const float* offsets, int64_t groups, int64_t g, int64_t run0,
+                                  int64_t runs) {
+  for (int64_t run = run0; run < run0 + runs; ++run) {
+    __m256i s[MR];
+    run_sums<MR, kRunBlocks>(s, rows, xr, run);
+    add_run<MR, 1>(sum, 0, s, xr.sx, run);
+  }
+  add_lane0<MR, 1>(sum, offsets + g, groups);
+  close_group<MR, 1>(acc, sum, rows, g);
 }
 
 // Rows [n0, n1) of 4-bit W, one at a time, against rows i0 .. i0 + MR - 1 of x quantized in runs
-// of 64 kRunBlocks k (a group holds whole runs): per run, the int16 pair sums (run_pairs), then
-// one vpmaddwd, conversion and FMA times sx; per group, the +8's share and the scale. One row of
-// W at a time streams W front to back: with 4 rows at a time (4 streams 2 KB apart at K = 4096)
-// the GEMV from DRAM took 1.2x as long for the same arithmetic (2026-12-01).
+// of 64 kRunBlocks k (a group holds whole runs): one vpmaddwd, conversion and FMA per run
+// (run_sums). One row of W at a time streams W front to back: with 4 rows at a time (4 streams
+// 2 KB apart at K = 4096) the GEMV from DRAM took 1.2x as long for the same arithmetic.
 template <int MR, int kRunBlocks>
 QUANT_AVX2 void rows_int8x4_runs(const QWeight& w, const XInt8& x, const float* group_offset, int64_t i0, int64_t n0,
                                  int64_t n1, float* y, int64_t ldy) {
   const XRows<MR> xr(w, x, i0);
   const float* offsets = group_offset + i0 * w.groups;
-  const int64_t group_runs = w.group / (64 * kRunBlocks);
+  const int64_t per_group = w.group / (64 * kRunBlocks);
   for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* row = w.row(n);
-    const uint8_t* ahead = w.row(std::min(n + kPrefetchRows, w.n - 1));
-    const float* sc = w.row_scales(n);
-    __m256 acc[MR];
-    for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
-    __m256i pairs[MR];
-    __m256 sum[MR];
-    if (group_runs == 1) {  // groups of one run (the usual case), flat: a nested loop took 1.3x as long
-      for (int64_t g = 0; g < w.groups; ++g) {
-        for (int i = 0; i < MR; ++i) sum[i] = _mm256_setr_ps(offsets[i * w.groups + g], 0, 0, 0, 0, 0, 0, 0);
-        run_pairs<MR, kRunBlocks>(pairs, row, ahead, xr, g);
-        add_pairs<MR>(sum, pairs, xr, g);
-        const __m256 s = _mm256_broadcast_ss(sc + g);
-        for (int i = 0; i < MR; ++i) acc[i] = _mm256_fmadd_ps(sum[i], s, acc[i]);
-      }
+    const Rows<1> rows(w, n);
+    __m256 acc[MR][1], sum[MR][1];
+    zero(acc, sum);
+    if (per_group == 1) {
+      for (int64_t g = 0; g < w.groups; ++g) group_runs<MR, kRunBlocks>(acc, sum, rows, xr, offsets, w.groups, g, g, 1);
     } else {
-      for (int64_t g = 0, run = 0; g < w.groups; ++g) {
-        for (int i = 0; i < MR; ++i) sum[i] = _mm256_setr_ps(offsets[i * w.groups + g], 0, 0, 0, 0, 0, 0, 0);
-        for (int64_t r = 0; r < group_runs; ++r, ++run) {
-          run_pairs<MR, kRunBlocks>(pairs, row, ahead, xr, run);
-          add_pairs<MR>(sum, pairs, xr, run);
-        }
-        const __m256 s = _mm256_broadcast_ss(sc + g);
-        for (int i = 0; i < MR; ++i) acc[i] = _mm256_fmadd_ps(sum[i], s, acc[i]);
-      }
+      for (int64_t g = 0; g < w.groups; ++g)
+        group_runs<MR, kRunBlocks>(acc, sum, rows, xr, offsets, w.groups, g, g * per_group, per_group);
     }
-    for (int i = 0; i < MR; ++i) y[(i0 + i) * ldy + n] = avx2::sum8(acc[i]);
+    store_sums<MR, 1>(acc, n, y + i0 * ldy, ldy);
   }
 }
 
