@@ -104,7 +104,8 @@ QUANT_AVX512 void quantize_runs_avx512(const float* x, int64_t runs, int64_t run
   for (int64_t r = 0; r < runs; ++r) {
     const float* v = x + r * run;
     __m512 amax = _mm512_setzero_ps();
-    for (int64_t j = 0; j < run; j += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(v + j)));
+    // a NaN lane keeps amax, as std::max in the scalar loop (vmaxps returns its second operand)
+    for (int64_t j = 0; j < run; j += 16) amax = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(v + j)), amax);
     const float s = _mm512_reduce_max_ps(amax) / 127.0f;
     sx[r] = s;
     if (s == 0.0f) {
