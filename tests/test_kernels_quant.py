@@ -325,9 +325,9 @@ def test_blocked_products_span_blocks(dtype):
 
 @pytest.mark.parametrize("x_int8", [False, True])
 def test_gemv_rows_split_between_threads(x_int8):
-    """Decode-sized products over more rows of W than one block (~512 KB of W), the threads
-    taking runs of rows of different lengths, each walked in blocks: the oracle's values, and
-    the same bits whatever the thread count."""
+    """Decode-sized products over many units of rows, the threads owning runs of units of
+    different lengths (and taking what is left of each other's from the back): the oracle's
+    values, and the same bits whatever the thread count."""
     rng = np.random.default_rng(41)
     for m, bits, group_size, k, n in ((1, 4, 128, 4096, 1000), (3, 8, -1, 2048, 700)):
         _, q, packed, scales = quantized_weight(rng, k, n, "float32", bits, group_size)
@@ -345,6 +345,29 @@ def test_gemv_rows_split_between_threads(x_int8):
         check_error(ys[0].astype(np.float64), want, bound, "float32", f"m={m} bits={bits} x_int8={x_int8}")
         for threads, y in zip((2, 3), ys[1:]):
             np.testing.assert_array_equal(y, ys[0], err_msg=f"{threads} threads, m={m} bits={bits}")
+
+
+def test_gemv_runs_of_threads_openmp_did_not_start_are_taken_from_the_back(tmp_path):
+    """One run of rows per thread asked for: with OpenMP held to one thread, that thread takes
+    the other runs' units from the back, and every row comes out as with one thread asked for."""
+    code = f"""
+import numpy as np
+from test_kernels_quant import kernel, quantized_weight, empty
+rng = np.random.default_rng(43)
+_, q, packed, scales = quantized_weight(rng, 512, 1000, "float32", 4, 128)
+x = rng.standard_normal((2, 512)).astype(np.float32)
+for threads in (1, 3):
+    y = empty((2, 1000), "float32")
+    # bits, group_size, no offsets, x_int8
+    kernel("weight_only_linear").run_host([x, packed, scales], [y], [4, 128, 0, 1], num_threads=threads)
+    np.save(r"{tmp_path}/y%d.npy" % threads, y)
+"""
+    env = dict(os.environ, OMP_THREAD_LIMIT="1", PYTHONPATH=os.pathsep.join([os.path.dirname(__file__)] + sys.path))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    one, three = np.load(tmp_path / "y1.npy"), np.load(tmp_path / "y3.npy")
+    assert not np.isnan(three).any()
+    np.testing.assert_array_equal(three, one)
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
