@@ -16,11 +16,10 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cstdint>
 #include <vector>
 
 #include "quant.h"
+#include "unit_run.h"
 
 namespace anychip::cpu::quant {
 namespace {
@@ -112,40 +111,13 @@ std::vector<uint16_t> padded_bf16(const AnychipTensor& t, int64_t rows, int64_t 
 constexpr int64_t kGemvBlock = 64;
 
 // The VNNI and FMA GEMVs split W's rows between the threads in runs of kGemvUnit rows (a
-// multiple of the tiles' 4): each thread owns one contiguous run and walks it front to back, a
-// unit at a time, so that W streams through each core in order (the prefetches running on into
-// its next unit) and, with more rows of x than one pass takes (quant_gemv*.cc), a unit is still
-// in L2 when the next rows of x come to it. Handing out units as threads came free instead made
-// a 4-bit GEMV (M=1, K=N=4096) 10-20% slower (2026-12-01): every unit began a new stream, and
-// its prefetch ran into another thread's rows.
+// multiple of the tiles' 4; unit_run.h), a unit small enough that, with more rows of x than
+// one pass takes (quant_gemv*.cc), it is still in L2 when the next rows of x come to it.
 constexpr int64_t kGemvUnit = 64;
 
-// A thread's run of units, [next, end), in one word so that its owner (taking `next` from the
-// front) and a thread that has finished its own (taking `end - 1` from the back) never take the
-// same unit. Threads finished 25-30 us apart (median, 4-bit GEMV K=N=4096, 2 threads, ~300 us)
-// when each stopped at the end of its own run.
-class alignas(64) UnitRun {  // a line each: the owners take from theirs at once
- public:
-  void reset(uint32_t begin, uint32_t end) { span_.store(pack(begin, end), std::memory_order_relaxed); }
-
-  // The next unit from the front (owner) or from the back (helper); -1 once the run is empty.
-  int64_t take(bool front) {
-    uint64_t span = span_.load(std::memory_order_relaxed);
-    for (;;) {
-      const uint32_t next = static_cast<uint32_t>(span >> 32), end = static_cast<uint32_t>(span);
-      if (next >= end) return -1;
-      const uint64_t taken = front ? pack(next + 1, end) : pack(next, end - 1);
-      if (span_.compare_exchange_weak(span, taken, std::memory_order_relaxed)) return front ? next : end - 1;
-    }
-  }
-
- private:
-  static uint64_t pack(uint32_t next, uint32_t end) { return uint64_t{next} << 32 | end; }
-  std::atomic<uint64_t> span_{0};
-};
-
 // acc [M][N] and y from `product(n0, n1, acc)`, which sums x times W^T for W's rows [n0, n1),
-// as units of kGemvUnit rows: the offsets' share and the store are the same for every product.
+// a unit of kGemvUnit rows at a time: the offsets' share and the store are the same for every
+// product.
 template <typename Product>
 void forward_blocks(const QWeight& w, const float* x, int64_t m, const AnychipTensor& y, const float* bias, Isa isa,
                     int threads, Product&& product) {
@@ -154,24 +126,15 @@ void forward_blocks(const QWeight& w, const float* x, int64_t m, const AnychipTe
     sums.resize(static_cast<size_t>(m * w.groups));
     group_sums(w, x, m, sums.data());
   }
-  const int64_t units = (w.n + kGemvUnit - 1) / kGemvUnit;
-  // One run per thread asked for: a run whose thread OpenMP did not start is taken from the back.
   std::vector<UnitRun> runs(static_cast<size_t>(threads));
-  for (int t = 0; t < threads; ++t)
-    runs[t].reset(static_cast<uint32_t>(units * t / threads), static_cast<uint32_t>(units * (t + 1) / threads));
-  auto unit = [&](int64_t u) {
+  split_runs(runs.data(), threads, (w.n + kGemvUnit - 1) / kGemvUnit);
+#pragma omp parallel num_threads(threads)
+  walk_runs(runs.data(), threads, omp_get_thread_num(), [&](int64_t u) {
     const int64_t n0 = u * kGemvUnit, n1 = std::min(w.n, n0 + kGemvUnit);
     product(n0, n1, acc.data());
     add_offsets_sums(w, sums.data(), m, n0, n1, acc.data(), w.n);
     store_rows(y, w.n, 0, m, n0, n1 - n0, acc.data() + n0, w.n, bias, isa);
-  };
-#pragma omp parallel num_threads(threads)
-  {
-    const int t = omp_get_thread_num();
-    for (int64_t u; (u = runs[t].take(true)) >= 0;) unit(u);
-    for (int i = 1; i < threads; ++i)
-      for (int64_t u; (u = runs[(t + i) % threads].take(false)) >= 0;) unit(u);
-  }
+  });
 }
 
 void forward_gemv(const QWeight& w, const float* x, int64_t m, const AnychipTensor& y, const float* bias, Isa isa,
