@@ -2,7 +2,7 @@
 
 Decode GEMV (M = 1) is memory-bound: every round takes the next of enough distinct weight
 matrices to exceed twice the last-level cache, so the weights stream from DRAM as in decoding
-a model larger than the cache; judged in GB/s (weights + scales + x + y) against the copy
+a model larger than the cache; judged in GB/s (weights + scales + x + y) against the read
 bandwidth. Peers stream their own weights the same way. anychip's row is ops.WeightOnlyLinear,
 weights bound once as models.Linear holds them; ops.weight_only_linear, which checks its weights
 on every call, has its own (diagnostic) row. w8a8 (M = 512, hot weights) is

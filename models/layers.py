@@ -78,7 +78,7 @@ class Linear:
             self._bound = None if self.a8w8 else ops.WeightOnlyLinear(
                 self.weight, self.scales, self.bias, bits=self.bits, group_size=self.group_size, offsets=self.offsets)
         else:
-            self.bits, self.group_size, self.scales, self.offsets = 0, -1, None, None
+            self.bits, self.group_size, self.scales, self.offsets, self._bound = 0, -1, None, None, None
             self.weight = to_device(weight.astype(np.float32), device)
 
     @property

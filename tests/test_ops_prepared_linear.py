@@ -160,3 +160,22 @@ def test_a_missing_kernel_falls_back_and_is_counted():
     np.testing.assert_array_equal(host(lin(x)), host(ops.weight_only_linear(x, bits=8, **w)))
     assert anychip.fallback_counts()[("dcu", "anychip.weight_only_linear", "bfloat16")] == 2
 
+
+
+def test_a_deep_copy_binds_its_own_weights():
+    import copy
+    import gc
+
+    rng = np.random.default_rng(8)
+    w = weights(rng, "cpu", 128, 24, 4, 64, True, "float32")
+    x = tensor(rng.standard_normal((2, 128)), "cpu", "float32")
+    want = host(ops.weight_only_linear(x, bits=4, group_size=64, **w))
+    lin = ops.WeightOnlyLinear(bits=4, group_size=64, **w)
+    twin = copy.deepcopy(lin)
+    assert twin.qweight is not lin.qweight
+    # what the kernel is handed is the copy's memory, not the original's
+    assert [d[0] for d in twin._described] == [t.data_ptr() for t in (twin.qweight, twin.scales, twin.offsets,
+                                                                       twin.bias)]
+    del lin, w
+    gc.collect()
+    np.testing.assert_array_equal(host(twin(x)), want)

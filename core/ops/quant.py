@@ -11,6 +11,8 @@ scale d, offset m + 8 d.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from . import checks
@@ -353,6 +355,12 @@ class WeightOnlyLinear:
         self._bias_dtype = None if bias is None else dtype_name(bias)
         self._x_int8_fits = k % 32 == 0 and (group_size == -1 or group_size % 32 == 0)
         self._attrs_by_mode = {}  # (x_int8, bf16) -> the kernel's attrs
+
+    def __deepcopy__(self, memo):
+        """A copy binds its own copies of the weights: the descriptors hold their addresses."""
+        qweight, scales, bias, offsets = (copy.deepcopy(t, memo) for t in (self.qweight, self.scales, self.bias,
+                                                                            self.offsets))
+        return WeightOnlyLinear(qweight, scales, bias, bits=self.bits, group_size=self.group_size, offsets=offsets)
 
     def __call__(self, x, x_int8: bool = False, compute_dtype: str | None = None):
         ready = self._launchable(x, bool(x_int8), compute_dtype)
