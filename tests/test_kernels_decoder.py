@@ -567,6 +567,16 @@ def test_op_equals_its_reference(device, name):
                                 device)
 
 
+def test_a_deep_copy_of_the_weights_describes_its_own_tensors():
+    import copy
+
+    weights = op_weights(make_model(11, dict.fromkeys(KINDS, FORMATS["int4-g32-offsets"]), True), "cpu")
+    twin = copy.deepcopy(weights)
+    assert twin.layers[0].qkv.weight is not weights.layers[0].qkv.weight
+    assert [d[0] for d in twin.descriptors] == [t.data_ptr() for t in twin.tensors]
+    assert not set(d[0] for d in twin.descriptors) & set(d[0] for d in weights.descriptors)
+
+
 def assert_op_matches_reference(model, state, device):
     """The op's kernel on ``device`` (no fallback) and its Paddle reference both fit the oracle
     and agree with each other."""

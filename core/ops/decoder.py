@@ -13,6 +13,7 @@ this op pays it once. The weights are checked and described once, in :class:`Dec
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -165,6 +166,13 @@ class DecoderWeights:
         if self.x_int8:
             self.attrs.append(1.0)
         self.layers, self.final_norm, self.head = layers, final_norm, head
+
+    def __deepcopy__(self, memo):
+        """A copy checks and describes its own copies of the weights: the descriptors hold their
+        addresses."""
+        layers, final_norm, head = (copy.deepcopy(v, memo) for v in (self.layers, self.final_norm, self.head))
+        return DecoderWeights(layers, final_norm, head, self.num_heads, self.num_kv_heads, self.eps, self.theta,
+                              self.x_int8)
 
     def _vector(self, name, t, size):
         checks.tensor(OP, name, t)
