@@ -75,11 +75,10 @@ class Linear:
             self.weight = to_device(weight.qweight, device)
             self.scales = to_device(weight.scales.astype(np.float32), device)
             self.offsets = None if weight.offsets is None else to_device(weight.offsets.astype(np.float32), device)
-            self._bound = None if self.a8w8 else ops.WeightOnlyLinear(
-                self.weight, self.scales, self.bias, bits=self.bits, group_size=self.group_size, offsets=self.offsets)
         else:
-            self.bits, self.group_size, self.scales, self.offsets, self._bound = 0, -1, None, None, None
+            self.bits, self.group_size, self.scales, self.offsets = 0, -1, None, None
             self.weight = to_device(weight.astype(np.float32), device)
+        self._bound = None
 
     @property
     def in_features(self) -> int:
@@ -94,12 +93,23 @@ class Linear:
         if self.bits == 0:
             return matmul(x, self.weight, self.bias, self.compute_dtype)
         if self.compute_dtype != "float32" and (x.stop_gradient or not paddle.is_grad_enabled()):
-            return self._bound(x, compute_dtype=self.compute_dtype)
+            return self._weight_only()(x, compute_dtype=self.compute_dtype)
         if self.compute_dtype != "float32":  # training: gradients through the bfloat16 product
             bias = None if self.bias is None else self.bias.astype(self.compute_dtype)
             return ops.weight_only_linear(x.astype(self.compute_dtype), self.weight, self.scales, bias, bits=self.bits,
                                           group_size=self.group_size, offsets=self.offsets).astype("float32")
-        return self._bound(x)
+        return self._weight_only()(x)
+
+    def _weight_only(self) -> ops.WeightOnlyLinear:
+        """The weight-only weights bound for launching (checked and described once), bound again
+        when one of them was replaced: quantize_linear turns a float Linear into an int8/int4
+        one in place."""
+        bound, parts = self._bound, (self.weight, self.scales, self.offsets, self.bias)
+        if (bound is None or bound.bits != self.bits or bound.group_size != self.group_size
+                or any(a is not b for a, b in zip(parts, (bound.qweight, bound.scales, bound.offsets, bound.bias)))):
+            bound = self._bound = ops.WeightOnlyLinear(self.weight, self.scales, self.bias, bits=self.bits,
+                                                       group_size=self.group_size, offsets=self.offsets)
+        return bound
 
     def fused(self) -> ops.Linear:
         """This weight as a LIN of the fused decoder_step op. An A8W8 weight goes in as what it is
