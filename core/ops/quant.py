@@ -354,7 +354,9 @@ class WeightOnlyLinear:
         self._described = tuple(descriptor(t, device[1]) for t in self._weights)
         self._bias_dtype = None if bias is None else dtype_name(bias)
         self._x_int8_fits = k % 32 == 0 and (group_size == -1 or group_size % 32 == 0)
-        self._attrs_by_mode = {}  # (x_int8, bf16) -> the kernel's attrs
+        self._attrs = {(x_int8, bf16): _WeightOnly(bits, group_size, device, bias is not None, offsets is not None,
+                                                   x_int8, bf16)._attrs()
+                       for x_int8, bf16 in ((False, False), (True, False), (False, True))}
 
     def __deepcopy__(self, memo):
         """A copy binds its own copies of the weights: the descriptors hold their addresses."""
@@ -393,12 +395,7 @@ class WeightOnlyLinear:
         kernel = registry().kernels.find(_WeightOnly.name, self.device[0], dtype)
         if kernel is None:
             return None
-        attrs = self._attrs_by_mode.get((x_int8, bf16))
-        if attrs is None:
-            impl = _WeightOnly(self.bits, self.group_size, self.device, self.bias is not None,
-                               self.offsets is not None, x_int8, bf16)
-            attrs = self._attrs_by_mode[(x_int8, bf16)] = impl._attrs()
-        return kernel.forward, dtype, shape, attrs
+        return kernel.forward, dtype, shape, self._attrs[(x_int8, bf16)]
 
 
 class _W8A8(OpImpl):
