@@ -23,7 +23,7 @@ import numpy as np
 from . import checks
 from .attention import reference_attention
 from .dispatch import OpImpl, descriptor, device_label, device_of, dtype_name, empty, launch, paddle, run
-from .quant import dequantize, quantize_x_int8, x_int8_run
+from .quant import dequantize, quantize_x_int8, x_int8_fits, x_int8_run
 from .rotary import _Rotary
 
 OP = "decoder_step"
@@ -210,7 +210,7 @@ class DecoderWeights:
             _fail(f"{name}.group_size must be -1 or divide K={k}, got {lin.group_size}")
         if lin.bits == 4 and k % 64:
             _fail(f"{name}: 4-bit weights need K to be a multiple of 64, got K={k}")
-        if self.x_int8 and (k % 32 or (lin.group_size != -1 and lin.group_size % 32)):
+        if self.x_int8 and not x_int8_fits(k, lin.group_size):
             _fail(f"{name}: x_int8 needs K and group_size to be multiples of 32 (or group_size -1), got K={k}, "
                   f"group_size={lin.group_size}")
         groups = 1 if lin.group_size == -1 else k // lin.group_size

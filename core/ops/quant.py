@@ -180,8 +180,14 @@ def _check_weights(op, qweight, scales, bias, bits, group_size, offsets, k, x=No
     return qweight, scales, offsets, bias
 
 
+def x_int8_fits(k: int, group_size: int) -> bool:
+    """Whether x_int8 can quantize x for these weights: K and the group size multiples of 32
+    (its shortest run; group_size -1 is one group of K)."""
+    return k % 32 == 0 and (group_size == -1 or group_size % 32 == 0)
+
+
 def _check_x_int8(op: str, k: int, group_size: int) -> None:
-    if k % 32 or (group_size != -1 and group_size % 32):
+    if not x_int8_fits(k, group_size):
         raise checks.OpArgumentError(
             f"{op}: x_int8 quantizes x in runs of 32 or more, so K and group_size must be multiples of 32 "
             f"(or group_size -1), got K={k}, group_size={group_size}")
@@ -353,7 +359,7 @@ class WeightOnlyLinear:
         self._weights = [t for t in (self.qweight, self.scales, self.offsets, self.bias) if t is not None]
         self._described = tuple(descriptor(t, device[1]) for t in self._weights)
         self._bias_dtype = None if bias is None else dtype_name(bias)
-        self._x_int8_fits = k % 32 == 0 and (group_size == -1 or group_size % 32 == 0)
+        self._x_int8_fits = x_int8_fits(k, group_size)
         self._attrs = {(x_int8, bf16): _WeightOnly(bits, group_size, device, bias is not None, offsets is not None,
                                                    x_int8, bf16)._attrs()
                        for x_int8, bf16 in ((False, False), (True, False), (False, True))}
