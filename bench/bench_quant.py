@@ -5,14 +5,17 @@ matrices to exceed twice the last-level cache, so the weights stream from DRAM a
 a model larger than the cache; judged in GB/s (weights + scales + x + y) against the read
 bandwidth. Peers stream their own weights the same way. anychip's row is ops.WeightOnlyLinear,
 weights bound once as models.Linear holds them; ops.weight_only_linear, which checks its weights
-on every call, has its own (diagnostic) row. w8a8 (M = 512, hot weights) is
-compute-bound: TOP/s against the documented AMX-INT8 peak.
+on every call, has its own (diagnostic) row. Every large weight lies on 2 MB pages, as the
+roofline probe's numpy buffer does: WeightOnlyLinear moves its own there, the bench moves the
+other rows' (host_memory.huge_pages_for; torch's own with THP_MEM_ALLOC_ENABLE). w8a8 (M = 512,
+hot weights) is compute-bound: TOP/s against the documented AMX-INT8 peak.
 """
 
 import numpy as np
 import pytest
 
 import anychip.ops as ops
+from anychip.host_memory import huge_pages_for
 from benchlib import Case, Cycle, RooflineShare, host_tensor, stream_count
 
 K = N = 4096
@@ -89,6 +92,7 @@ def _gemv_calls(bits, group, count, rng, api, x_int8=False):
     if api == "bound":
         bound = [ops.WeightOnlyLinear(qw, sc, bits=bits, group_size=group) for qw, sc in sets]
         return sets, [lambda x, lin=lin: lin(x, x_int8=x_int8) for lin in bound]
+    huge_pages_for([t for pair in sets for t in pair])
     return sets, [lambda x, qw=qw, sc=sc: ops.weight_only_linear(x, qw, sc, bits=bits, group_size=group,
                                                                  x_int8=x_int8) for qw, sc in sets]
 
@@ -154,7 +158,9 @@ def test_gemv_peer(benchmark, bench, pd, request, impl):
         w = rng.standard_normal((N, K), dtype=np.float32)
         count = stream_count(w.nbytes)
         xt = host_tensor(x)
-        nxt = Cycle([host_tensor(w) for _ in range(count)])
+        weights = [host_tensor(w) for _ in range(count)]
+        huge_pages_for(weights)
+        nxt = Cycle(weights)
         with pd.no_grad():
             _run_stream(bench, benchmark, cases, impl, lambda: pd.matmul(xt, nxt(), transpose_y=True), count,
                         amount=FP32_GEMV_BYTES)

@@ -73,13 +73,17 @@ def torch(request, pd):
     if request.config.getoption("--bench-no-torch"):
         state["torch"] = "off (--bench-no-torch)"
         pytest.skip("--bench-no-torch")
+    # torch's switch for 2 MB pages under its large CPU tensors: its peers then stream weights
+    # from the same kind of pages as anychip's bound weights and numpy's roofline probe.
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     try:
         import torch as torch_mod
     except Exception as e:  # noqa: BLE001 -- a broken install is as good as none here
         state["torch"] = f"not available ({type(e).__name__}: {e})"
         pytest.skip(f"torch is not available: {e}")
     torch_mod.set_num_threads(THREADS)
-    state["torch"] = f"torch {torch_mod.__version__}, in this process, {torch_mod.get_num_threads()} threads"
+    state["torch"] = (f"torch {torch_mod.__version__}, in this process, {torch_mod.get_num_threads()} threads, "
+                      f"THP_MEM_ALLOC_ENABLE={os.environ['THP_MEM_ALLOC_ENABLE']}")
     return torch_mod
 
 
