@@ -75,26 +75,35 @@ PEER_CASES = {"anychip_kernel": [(4, 128)], "torch_int4": [(4, 128)], "torch_int
               "torch_fp32": GEMV_CASES, "paddle_fp32": GEMV_CASES}
 
 
-def _run_stream(bench, benchmark, cases, impl, fn, count, amount=None):
+def _run_stream(bench, benchmark, cases, impl, fn, count, amount=None, pages=""):
     bench.run(benchmark, cases[0], impl, fn, label=LABELS[impl], min_rounds=max(20, count),
-              max_rounds=max(400, 2 * count), warmup=min(count, 50), notes=f"{count} distinct weight sets",
+              max_rounds=max(400, 2 * count), warmup=min(count, 50), notes=f"{count} distinct weight sets{pages}",
               also=cases[1:], amount=amount)
+
+
+def _pages(moved: int, tensors) -> str:
+    """How much of the weights huge_pages_for got onto 2 MB pages (none where THP is off, or
+    no 2 MB page was free), for the row's notes."""
+    total = sum(t.numel().item() * t.element_size() for t in tensors)
+    return f", {min(moved, total) / 2**20:.0f} of their {total / 2**20:.0f} MB on 2 MB pages"
 
 
 FP32_GEMV_BYTES = N * K * 4 + K * 4 + N * 4
 
 
 def _gemv_calls(bits, group, count, rng, api, x_int8=False):
-    """``count`` weight sets (qweight, scales) and a GEMV x -> y with each: through
-    ops.WeightOnlyLinear (``api`` "bound") or ops.weight_only_linear ("op")."""
+    """``count`` weight sets (qweight, scales), a GEMV x -> y with each: through
+    ops.WeightOnlyLinear (``api`` "bound") or ops.weight_only_linear ("op"), and _pages."""
     q, s = _packed(bits, group, rng)
     sets = [(host_tensor(q), host_tensor(s)) for _ in range(count)]
+    tensors = [t for pair in sets for t in pair]
     if api == "bound":
         bound = [ops.WeightOnlyLinear(qw, sc, bits=bits, group_size=group) for qw, sc in sets]
-        return sets, [lambda x, lin=lin: lin(x, x_int8=x_int8) for lin in bound]
-    huge_pages_for([t for pair in sets for t in pair])
+        pages = _pages(sum(lin.huge_page_bytes for lin in bound), tensors)
+        return sets, [lambda x, lin=lin: lin(x, x_int8=x_int8) for lin in bound], pages
+    pages = _pages(huge_pages_for(tensors), tensors)
     return sets, [lambda x, qw=qw, sc=sc: ops.weight_only_linear(x, qw, sc, bits=bits, group_size=group,
-                                                                 x_int8=x_int8) for qw, sc in sets]
+                                                                 x_int8=x_int8) for qw, sc in sets], pages
 
 
 @pytest.mark.parametrize("api", ["bound", "op"])
@@ -104,9 +113,11 @@ def test_weight_only_gemv(benchmark, bench, pd, bits, group, api):
     rng = np.random.default_rng(0)
     xt = host_tensor(rng.standard_normal((1, K), dtype=np.float32))
     count = stream_count(case.amount)
-    nxt = Cycle(_gemv_calls(bits, group, count, rng, api)[1])
+    _sets, calls, pages = _gemv_calls(bits, group, count, rng, api)
+    nxt = Cycle(calls)
     with pd.no_grad():
-        _run_stream(bench, benchmark, [case], "anychip" if api == "bound" else "anychip_op", lambda: nxt()(xt), count)
+        _run_stream(bench, benchmark, [case], "anychip" if api == "bound" else "anychip_op", lambda: nxt()(xt), count,
+                    pages=pages)
 
 
 @pytest.mark.parametrize("api", ["bound", "op"])
@@ -118,13 +129,13 @@ def test_weight_only_gemv_x_int8(benchmark, bench, pd, bits, group, api):
     rng = np.random.default_rng(0)
     xt = host_tensor(rng.standard_normal((1, K), dtype=np.float32))
     count = stream_count(case.amount)
-    sets, calls = _gemv_calls(bits, group, count, rng, api, x_int8=True)
+    sets, calls, pages = _gemv_calls(bits, group, count, rng, api, x_int8=True)
     nxt = Cycle(calls)
     impl = "anychip_x_int8" if api == "bound" else "anychip_x_int8_op"
     with pd.no_grad():
         exact = ops.weight_only_linear(xt, *sets[0], bits=bits, group_size=group).numpy()
         error = np.linalg.norm(calls[0](xt).numpy() - exact) / np.linalg.norm(exact)
-        notes = f"{count} distinct weight sets; relative error vs the exact op {error:.1e} (Gaussian x)"
+        notes = f"{count} distinct weight sets{pages}; relative error vs the exact op {error:.1e} (Gaussian x)"
         row = bench.run(benchmark, case, "anychip" if api == "bound" else "anychip_op", lambda: nxt()(xt),
                         label=LABELS[impl], min_rounds=max(20, count), max_rounds=max(400, 2 * count),
                         warmup=min(count, 50), notes=notes)
@@ -159,11 +170,11 @@ def test_gemv_peer(benchmark, bench, pd, request, impl):
         count = stream_count(w.nbytes)
         xt = host_tensor(x)
         weights = [host_tensor(w) for _ in range(count)]
-        huge_pages_for(weights)
+        pages = _pages(huge_pages_for(weights), weights)
         nxt = Cycle(weights)
         with pd.no_grad():
             _run_stream(bench, benchmark, cases, impl, lambda: pd.matmul(xt, nxt(), transpose_y=True), count,
-                        amount=FP32_GEMV_BYTES)
+                        amount=FP32_GEMV_BYTES, pages=pages)
         return
     torch = request.getfixturevalue("torch")
     xt = torch.from_numpy(x)
