@@ -17,8 +17,10 @@ import numpy as np
 
 from . import checks
 from ..host_memory import huge_pages_for
+from ..kernels import NativeKernel
 from ..plugins import registry
-from .dispatch import OpImpl, descriptor, device_of, dtype_name, empty, launch, paddle, run
+from .dispatch import (OpImpl, dense_descriptor, descriptor, device_of, dtype_name, empty, launch, launch_described,
+                       paddle, run)
 
 GROUP_SIZES = (-1, 32, 64, 128)  # the usual ones; any divisor of K works
 
@@ -364,8 +366,8 @@ class WeightOnlyLinear:
         self._described = tuple(descriptor(t, device[1]) for t in self._weights)
         self._bias_dtype = None if bias is None else dtype_name(bias)
         self._x_int8_fits = x_int8_fits(k, group_size)
-        self._attrs = {(x_int8, bf16): _WeightOnly(bits, group_size, device, bias is not None, offsets is not None,
-                                                   x_int8, bf16)._attrs()
+        self._attrs = {(x_int8, bf16): [float(a) for a in _WeightOnly(bits, group_size, device, bias is not None,
+                                                                      offsets is not None, x_int8, bf16)._attrs()]
                        for x_int8, bf16 in ((False, False), (True, False), (False, True))}
 
     def __deepcopy__(self, memo):
@@ -381,9 +383,16 @@ class WeightOnlyLinear:
                                       group_size=self.group_size, offsets=self.offsets, x_int8=x_int8,
                                       compute_dtype=compute_dtype)
         kernel, dtype, shape, attrs = ready
+        out_shape = shape[:-1] + [self.out_features]
         # empty's outputs do not require gradients, which is what x_int8 and bf16 results promise
-        y = empty(shape[:-1] + [self.out_features], dtype, self.device)
-        launch(kernel, _WeightOnly.name, self.device, [x, *self._weights], [y], attrs, described=self._described)
+        y = empty(out_shape, dtype, self.device)
+        if not isinstance(kernel, NativeKernel):
+            launch(kernel, _WeightOnly.name, self.device, [x, *self._weights], [y], attrs)
+            return y
+        index = self.device[1]
+        launch_described(kernel, _WeightOnly.name, self.device,
+                         [dense_descriptor(x, dtype, tuple(shape), index), *self._described],
+                         [dense_descriptor(y, dtype, tuple(out_shape), index)], attrs)
         return y
 
     def _launchable(self, x, x_int8: bool, compute_dtype):
