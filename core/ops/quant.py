@@ -348,7 +348,7 @@ class WeightOnlyLinear:
     The weights are held as given (a non-contiguous host one as a dense copy); as with
     :class:`~anychip.ops.DecoderWeights`, they must not be replaced in place afterwards. Host
     weights of 4 MB or more are moved onto 2 MB pages (:func:`anychip.host_memory.huge_pages_for`;
-    ``huge_page_bytes`` says how much took): a 4096 x 4096 4-bit GEMV ran 2-5% faster."""
+    ``huge_page_bytes``: how many bytes moved): a 4096 x 4096 4-bit GEMV ran 2-5% faster."""
 
     def __init__(self, qweight, scales, bias=None, bits: int = 8, group_size: int = -1, offsets=None):
         op = "WeightOnlyLinear"
