@@ -17,6 +17,7 @@ huge pages for its large arrays. ``ANYCHIP_HUGE_PAGES=off`` leaves the weights w
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import os
 
@@ -89,7 +90,7 @@ def _nbytes(t) -> int:
     return math.prod(t.shape) * t.element_size()
 
 
-def _anonymous_mappings() -> list[tuple[int, int]]:
+def _anonymous_mappings() -> list[list[int]]:
     """The process's private anonymous read-write mappings (the heap among them), adjacent ones
     joined: advising part of one splits it, and the parts still form one block of memory."""
     spans: list[list[int]] = []
@@ -106,9 +107,10 @@ def _anonymous_mappings() -> list[tuple[int, int]]:
                     spans.append([a, b])
     except OSError:
         return []
-    return [(a, b) for a, b in spans]
+    return spans
 
 
+@functools.lru_cache(maxsize=None)
 def _madvise():
     try:
         madvise = ctypes.CDLL(None, use_errno=True).madvise
