@@ -65,14 +65,15 @@ LABELS = {
     "anychip_x_int8": "anychip ops.WeightOnlyLinear x_int8 (int8 activations, approx.)",
     "anychip_x_int8_op": "(diagnostic) anychip ops.weight_only_linear x_int8, weights checked every call",
     "anychip_kernel": "(diagnostic) anychip kernel alone, output preallocated",
+    "anychip_kernel_x_int8": "(diagnostic) anychip kernel alone, x_int8, output preallocated",
     "torch_int4": "torch _weight_int4pack_mm_for_cpu (g128, bf16 x)",
     "torch_int8": "torch _weight_int8pack_mm",
     "torch_fp32": "torch fp32 F.linear (GEMV)",
     "paddle_fp32": "paddle fp32 matmul (GEMV)",
 }
 # Which GEMV cases a peer belongs to (the fp32 peers are measured once, listed in every case).
-PEER_CASES = {"anychip_kernel": [(4, 128)], "torch_int4": [(4, 128)], "torch_int8": [(8, -1)],
-              "torch_fp32": GEMV_CASES, "paddle_fp32": GEMV_CASES}
+PEER_CASES = {"anychip_kernel": [(4, 128)], "anychip_kernel_x_int8": [(4, 128)], "torch_int4": [(4, 128)],
+              "torch_int8": [(8, -1)], "torch_fp32": GEMV_CASES, "paddle_fp32": GEMV_CASES}
 
 
 def _run_stream(bench, benchmark, cases, impl, fn, count, amount=None, pages=""):
@@ -145,15 +146,17 @@ def test_weight_only_gemv_x_int8(benchmark, bench, pd, bits, group, api):
 
 @pytest.mark.parametrize("impl", list(PEER_CASES))
 def test_gemv_peer(benchmark, bench, pd, request, impl):
-    cases = [gemv_case(b, g) for b, g in PEER_CASES[impl]]
+    x_int8 = impl == "anychip_kernel_x_int8"
+    cases = [(gemv_x_int8_case if x_int8 else gemv_case)(b, g) for b, g in PEER_CASES[impl]]
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, K), dtype=np.float32)
-    if impl == "anychip_kernel":
+    if impl.startswith("anychip_kernel"):
         # The cpu plugin's kernel on numpy arrays, without Paddle: no op checks, no output
-        # allocation, for comparison with the op only.
+        # allocation; what the bound op's row adds to it is the cost of calling from Python.
         from anychip_plugins.cpu.host_kernels import HOST_KERNELS, _kernel
 
         kernel = _kernel(HOST_KERNELS["weight_only_linear"][0])
+        attrs = [4, 128, 0, 1] if x_int8 else [4, 128]
         q, s = _packed(4, 128, rng)
         count = stream_count(cases[0].amount)
         nxt = Cycle([(q.copy(), s.copy()) for _ in range(count)])
@@ -161,7 +164,7 @@ def test_gemv_peer(benchmark, bench, pd, request, impl):
 
         def fn():
             qw, sc = nxt()
-            kernel.run_host([x, qw, sc], [y], [4, 128])
+            kernel.run_host([x, qw, sc], [y], attrs)
 
         _run_stream(bench, benchmark, cases, impl, fn, count)
         return
