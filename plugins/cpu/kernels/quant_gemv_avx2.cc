@@ -348,17 +348,24 @@ QUANT_AVX2 void tile_int8x4(const QWeight& w, const XInt8& x, const float* group
   store_sums<MR, NR>(acc, n, y + i0 * ldy, ldy);
 }
 
+// Bytes ahead of the weights being read that the runs' loop prefetches into L2 (rows are
+// contiguous, so past a row's end it reaches into the next; past W's end a prefetch is dropped,
+// never a fault). K=N=4096 from DRAM, 2 threads, four builds alternated call by call
+// (2026-12-02, medians of three runs): 2 KB 307-362 us, 4 KB (two rows, as the tiles) 312-363,
+// 1 KB 320-373.
+constexpr int64_t kRunPrefetchBytes = 2048;
+
 // s[i] = the 8 lane sums of run `run` (kRunBlocks blocks) of a 4-bit row against x row i: each
 // block's low and high vpmaddubsw products added in int16 (at most 4 * 2 * 15 * 127, no
 // saturation), then one vpmaddwd.
 template <int MR, int kRunBlocks>
-QUANT_AVX2_INLINE void run_sums(__m256i (&s)[MR], const Rows<1>& rows, const XRows<MR>& xr, int64_t run) {
+QUANT_AVX2_INLINE void run_sums(__m256i (&s)[MR], const uint8_t* row, const XRows<MR>& xr, int64_t run) {
   const __m256i low4 = _mm256_set1_epi8(15);
   __m256i pairs[MR];
   for (int j = 0; j < kRunBlocks; ++j) {
     const int64_t blk = run * kRunBlocks + j;
-    if (blk % 2 == 0) rows.prefetch(32 * blk);
-    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows.row[0] + 32 * blk));
+    if (blk % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(row + 32 * blk + kRunPrefetchBytes), _MM_HINT_T1);
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * blk));
     const __m256i lo = _mm256_and_si256(b, low4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low4);
     for (int i = 0; i < MR; ++i) {
       const int8_t* xq = xr.q[i] + 64 * blk;
@@ -371,43 +378,76 @@ QUANT_AVX2_INLINE void run_sums(__m256i (&s)[MR], const Rows<1>& rows, const XRo
   for (int i = 0; i < MR; ++i) s[i] = _mm256_madd_epi16(pairs[i], _mm256_set1_epi16(1));
 }
 
-// Group g of a row: its `runs` runs from run0, each one's lane sums times sx, then the +8's
-// share and the scale. Inlined, so that with runs 1 (groups of one run, the usual) the loop
-// goes: a loop over a run count there took 1.3x as long.
-template <int MR, int kRunBlocks>
-QUANT_AVX2_INLINE void group_runs(__m256 (&acc)[MR][1], __m256 (&sum)[MR][1], const Rows<1>& rows,
-                                  const XRows<MR>& xr, const float* offsets, int64_t groups, int64_t g, int64_t run0,
-                                  int64_t runs) {
-  for (int64_t run = run0; run < run0 + runs; ++run) {
-    __m256i s[MR];
-    run_sums<MR, kRunBlocks>(s, rows, xr, run);
-    add_run<MR, 1>(sum, 0, s, xr.sx, run);
+// For row n of W and x row i: mul[run] = the run's sx times its group's scale, for every run,
+// and the return value: the +8's shares of the groups (offsets[g], group_offsets) times their
+// scales, in lanes to be summed with the products'.
+QUANT_AVX2_INLINE __m256 run_scales(const QWeight& w, int64_t n, const float* sx, const float* offsets, int64_t runs,
+                                    int64_t per_group, float* mul) {
+  const float* sc = w.row_scales(n);
+  if (per_group == 1) {
+    int64_t run = 0;
+    for (; run + 8 <= runs; run += 8)
+      _mm256_storeu_ps(mul + run, _mm256_mul_ps(_mm256_loadu_ps(sx + run), _mm256_loadu_ps(sc + run)));
+    for (; run < runs; ++run) mul[run] = sx[run] * sc[run];
+  } else {
+    for (int64_t g = 0, run = 0; g < w.groups; ++g) {
+      const int64_t end = run + per_group;
+      for (; run + 8 <= end; run += 8)
+        _mm256_storeu_ps(mul + run, _mm256_mul_ps(_mm256_loadu_ps(sx + run), _mm256_set1_ps(sc[g])));
+      for (; run < end; ++run) mul[run] = sx[run] * sc[g];
+    }
   }
-  add_lane0<MR, 1>(sum, offsets + g, groups);
-  close_group<MR, 1>(acc, sum, rows, g);
+  __m256 shares = _mm256_setzero_ps();
+  int64_t g = 0;
+  for (; g + 8 <= w.groups; g += 8)
+    shares = _mm256_fmadd_ps(_mm256_loadu_ps(sc + g), _mm256_loadu_ps(offsets + g), shares);
+  float tail = 0.0f;
+  for (; g < w.groups; ++g) tail += sc[g] * offsets[g];
+  return _mm256_add_ps(shares, _mm256_setr_ps(tail, 0, 0, 0, 0, 0, 0, 0));
+}
+
+// acc[i][a] += run `run`'s lane sums times mul[i * runs + run]. `a` is a constant where this is
+// inlined: indexed by a variable, the accumulators went through the stack, each FMA waiting on
+// the last one's store (1.2x the time from L3).
+template <int MR, int kRunBlocks>
+QUANT_AVX2_INLINE void scaled_run(__m256 (&acc)[MR][2], int a, const uint8_t* row, const XRows<MR>& xr,
+                                  const float* mul, int64_t runs, int64_t run) {
+  __m256i s[MR];
+  run_sums<MR, kRunBlocks>(s, row, xr, run);
+  for (int i = 0; i < MR; ++i)
+    acc[i][a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]), _mm256_broadcast_ss(mul + i * runs + run), acc[i][a]);
 }
 
 // Rows [n0, n1) of 4-bit W, one at a time, against rows i0 .. i0 + MR - 1 of x quantized in runs
-// of 64 kRunBlocks k (a group holds whole runs): one vpmaddwd, conversion and FMA per run
-// (run_sums). One row of W at a time streams W front to back: with 4 rows at a time (4 streams
-// 2 KB apart at K = 4096) the GEMV from DRAM took 1.2x as long for the same arithmetic.
+// of 64 kRunBlocks k (a group holds whole runs). Per row, first each run's scale (run_scales);
+// then per run one vpmaddwd, conversion and FMA by that scale, broadcast from memory (a load,
+// not a vector operation), into two accumulators in turn. Summing each group's runs apart and
+// scaling the group as it closed took 1.2x as long from L3 (K=N=4096, 2 threads: 259-269 us
+// against 217-226; per-channel scales the same either way), on a Zen 3 server whose two cores
+// stream DRAM at about that rate, so that the arithmetic was showing. One row of W at a time
+// streams W front to back: with 4 rows at a time (4 streams 2 KB apart at K = 4096) the GEMV
+// from DRAM took 1.2x as long, with 2 sharing their loads of x 1.15x as long from L3.
 template <int MR, int kRunBlocks>
 QUANT_AVX2 void rows_int8x4_runs(const QWeight& w, const XInt8& x, const float* group_offset, int64_t i0, int64_t n0,
                                  int64_t n1, float* y, int64_t ldy) {
   const XRows<MR> xr(w, x, i0);
   const float* offsets = group_offset + i0 * w.groups;
-  const int64_t per_group = w.group / (64 * kRunBlocks);
+  const int64_t runs = w.k / (64 * kRunBlocks), per_group = w.group / (64 * kRunBlocks);
+  std::vector<float> mul(static_cast<size_t>(MR * runs));
   for (int64_t n = n0; n < n1; ++n) {
-    const Rows<1> rows(w, n);
-    __m256 acc[MR][1], sum[MR][1];
-    zero(acc, sum);
-    if (per_group == 1) {
-      for (int64_t g = 0; g < w.groups; ++g) group_runs<MR, kRunBlocks>(acc, sum, rows, xr, offsets, w.groups, g, g, 1);
-    } else {
-      for (int64_t g = 0; g < w.groups; ++g)
-        group_runs<MR, kRunBlocks>(acc, sum, rows, xr, offsets, w.groups, g, g * per_group, per_group);
+    const uint8_t* row = w.row(n);
+    __m256 acc[MR][2];
+    for (int i = 0; i < MR; ++i) {
+      acc[i][0] = run_scales(w, n, xr.sx[i], offsets + i * w.groups, runs, per_group, mul.data() + i * runs);
+      acc[i][1] = _mm256_setzero_ps();
     }
-    store_sums<MR, 1>(acc, n, y + i0 * ldy, ldy);
+    int64_t run = 0;
+    for (; run + 2 <= runs; run += 2) {
+      scaled_run<MR, kRunBlocks>(acc, 0, row, xr, mul.data(), runs, run);
+      scaled_run<MR, kRunBlocks>(acc, 1, row, xr, mul.data(), runs, run + 1);
+    }
+    if (run < runs) scaled_run<MR, kRunBlocks>(acc, 0, row, xr, mul.data(), runs, run);
+    for (int i = 0; i < MR; ++i) y[(i0 + i) * ldy + n] = avx2::sum8(_mm256_add_ps(acc[i][0], acc[i][1]));
   }
 }
 
