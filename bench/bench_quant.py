@@ -30,15 +30,16 @@ def _gemv_bytes(bits: int, group: int) -> int:
 def gemv_case(bits, group):
     g = "per-channel" if group == -1 else f"group {group}"
     return Case(f"int{bits} weight-only GEMV M=1 {K}x{N} {g}, fp32 x (DRAM)", "memory", _gemv_bytes(bits, group),
-                targets=(RooflineShare(0.70),), pattern="read",
+                targets=(RooflineShare(0.70, paired=True),), pattern="read",
                 note="bytes: packed weights + scales + x + y (peers: their own formats' bytes); weights "
-                     "cycled beyond 2x the LLC; judged against read bandwidth, as it only streams W")
+                     "cycled beyond 2x the LLC; judged against read bandwidth, as it only streams W: a plain "
+                     "read of the same bytes timed before each round (paired), the run's roofline share beside it")
 
 
 def gemv_x_int8_case(bits, group):
     g = "per-channel" if group == -1 else f"group {group}"
     return Case(f"int{bits} weight-only GEMV M=1 {K}x{N} {g}, int8 x (x_int8, DRAM)", "memory",
-                _gemv_bytes(bits, group), targets=(RooflineShare(0.70),), pattern="read",
+                _gemv_bytes(bits, group), targets=(RooflineShare(0.70, paired=True),), pattern="read",
                 note="the fp32-x case's work with x quantized to int8 per run (x_int8=True, approximate; runs of 128 for 4 bits, 32 for 8): "
                      "its anychip row is that variant, also listed beside the exact one in the fp32-x case")
 
@@ -79,7 +80,7 @@ PEER_CASES = {"anychip_kernel": [(4, 128)], "anychip_kernel_x_int8": [(4, 128)],
 def _run_stream(bench, benchmark, cases, impl, fn, count, amount=None, pages=""):
     bench.run(benchmark, cases[0], impl, fn, label=LABELS[impl], min_rounds=max(20, count),
               max_rounds=max(400, 2 * count), warmup=min(count, 50), notes=f"{count} distinct weight sets{pages}",
-              also=cases[1:], amount=amount)
+              also=cases[1:], amount=amount, paired_read=True)
 
 
 def _pages(moved: int, tensors) -> str:
@@ -139,9 +140,9 @@ def test_weight_only_gemv_x_int8(benchmark, bench, pd, bits, group, api):
         notes = f"{count} distinct weight sets{pages}; relative error vs the exact op {error:.1e} (Gaussian x)"
         row = bench.run(benchmark, case, "anychip" if api == "bound" else "anychip_op", lambda: nxt()(xt),
                         label=LABELS[impl], min_rounds=max(20, count), max_rounds=max(400, 2 * count),
-                        warmup=min(count, 50), notes=notes)
+                        warmup=min(count, 50), notes=notes, paired_read=True)
     bench.collector.record(exact_case, impl, list(benchmark.stats.stats.data), label=LABELS[impl], notes=notes,
-                           foreign_load=row["foreign_load"])
+                           foreign_load=row["foreign_load"], paired=bench.last_probe)
 
 
 @pytest.mark.parametrize("impl", list(PEER_CASES))

@@ -213,6 +213,49 @@ def measure_read_bandwidth(buffer_bytes: int, threads: int = 2, repeats: int = 9
         "itself, bytes = read")
 
 
+class PairedRead:
+    """The read roofline of a streaming case, taken at the moment it runs: before each timed
+    round of an implementation, one plain read (the cpu plugin's ``anychip_cpu_read_pass``, the
+    same threads) of ``nbytes``, from the next of ``count`` buffers placed as the weights are (2
+    MB pages where :func:`anychip.host_memory.huge_pages_for` can), so each read is as cold as the
+    round's weights. On a shared VM the bandwidth swings 2x within seconds (one 9-pass probe of
+    the run's roofline ran 17-61 GB/s); a share of a roofline measured minutes apart measures
+    that swing as much as the kernel, a share of the read between its rounds does not."""
+
+    def __init__(self, nbytes: int, count: int, threads: int):
+        from anychip.host_memory import huge_pages_for
+        from anychip_plugins.cpu.host_kernels import read_pass
+
+        self.nbytes, self.threads, self._read = int(nbytes), threads, read_pass
+        self._buffers = [host_tensor(np.ones(self.nbytes, np.uint8)) for _ in range(count)]
+        huge_pages_for(self._buffers)
+        self._next = Cycle([t.data_ptr() for t in self._buffers])
+        self.samples: list[float] = []
+
+    def __call__(self) -> None:
+        """One timed read (a pytest-benchmark ``setup``: it runs untimed by the benchmark)."""
+        address = self._next()
+        t0 = time.perf_counter()
+        self._read(address, self.nbytes, self.threads)
+        self.samples.append(time.perf_counter() - t0)
+
+    def warm(self, reads: int) -> None:
+        """Untimed reads, as the warmup calls of the implementation it pairs with."""
+        for _ in range(reads):
+            self()
+        self.samples.clear()
+
+    def gbps(self) -> float:
+        """The median read's rate."""
+        return self.nbytes / statistics.median(self.samples) / 1e9
+
+    def share(self, rounds_s, nbytes: float) -> float:
+        """The median over rounds of (``nbytes`` / the round's time) / (the rate of the read just
+        before it): each round against the bandwidth of its own moment, so that a swing in the
+        middle of the rounds cancels instead of landing on one side of a ratio of medians."""
+        return statistics.median(nbytes / t * r / self.nbytes for t, r in zip(rounds_s, self.samples))
+
+
 def measure_compute_peaks(threads: int = 2, repeats: int = 3, seconds: float = 0.5) -> dict:
     """The compute roofs (see PEAK_UNITS): per key, ``value`` (FLOP/s or OP/s for all
     ``threads``), ``what`` and ``source``. fp32: the best of ``repeats`` runs of the cpu
@@ -364,19 +407,25 @@ def wait_for_quiet(max_wait_s: float, threshold: float = 0.10, probe_s: float = 
 
 @dataclass(frozen=True)
 class RooflineShare:
-    """PASS when anychip reaches ``share`` of the case's roofline (copy bandwidth or peak)."""
+    """PASS when anychip reaches ``share`` of the case's roofline (copy bandwidth or peak).
+    ``paired``: of the read bandwidth that :class:`PairedRead` measured between anychip's own
+    rounds (a read case whose rows were timed with ``paired_read``), not of the run's roofline."""
 
     share: float
+    paired: bool = False
 
     def label(self, case) -> str:
+        if self.paired:
+            return f">= {self.share:.0%} of read bandwidth (paired: same bytes, read between the calls)"
         what = f"{case.pattern} bandwidth" if case.kind == "memory" else f"the {case.peak} compute roof"
         return f">= {self.share:.0%} of {what}"
 
     def judge(self, case, rows) -> tuple[str, str]:
+        key = "paired_share" if self.paired else "share"
         me = rows.get(SUBJECT)
-        if me is None or me.get("share") is None:
-            return "n/a", "anychip not measured"
-        return ("PASS" if me["share"] >= self.share else "MISS"), f"{me['share']:.0%}"
+        if me is None or me.get(key) is None:
+            return "n/a", "anychip not measured" if me is None else f"anychip has no {key.replace('_', ' ')}"
+        return ("PASS" if me[key] >= self.share else "MISS"), f"{me[key]:.0%}"
 
 
 @dataclass(frozen=True)
@@ -432,6 +481,14 @@ class Case:
         return peak / 1e12 if peak else None
 
 
+def _shares(row: dict) -> str:
+    """A row's roofline share, and its paired read share where it has one."""
+    share = "" if row.get("share") is None else f"{row['share']:.0%}"
+    if row.get("paired_share") is None:
+        return share
+    return f"{share} (paired {row['paired_share']:.0%} of {row['paired_read_gbps']:.1f} GB/s)".lstrip()
+
+
 class Collector:
     """Every measurement of the run, by case and implementation, in the order measured."""
 
@@ -442,18 +499,24 @@ class Collector:
         self._extra: dict[tuple[str, str], dict] = {}
 
     def record(self, case: Case, impl: str, samples_s, extra_info: dict | None = None, label: str = "",
-               notes: str = "", foreign_load: float | None = None, amount: float | None = None) -> dict:
+               notes: str = "", foreign_load: float | None = None, amount: float | None = None,
+               paired: "PairedRead | None" = None) -> dict:
         """Records the timings (seconds) of ``impl`` on ``case``; with ``extra_info`` (a
         pytest-benchmark ``benchmark.extra_info``), fills it in, and keeps the speedups in every
         extra_info of the case up to date as more implementations are measured. ``amount``:
         the bytes (or FLOPs) this implementation itself moves, where they differ from the
-        case's (an fp32 peer of a 4-bit kernel): its rate and roofline share use them."""
+        case's (an fp32 peer of a 4-bit kernel): its rate and roofline share use them.
+        ``paired``: the :class:`PairedRead` timed before each of its rounds (its share:
+        :meth:`PairedRead.share`)."""
         self.cases.setdefault(case.name, case)
         med = statistics.median(samples_s)
         own = case.amount if amount is None else amount
         row = {"impl": impl, "label": label or impl, "ms": med * 1e3, "rounds": len(samples_s),
                "min_ms": min(samples_s) * 1e3, "rate": own / med / (1e9 if case.kind == "memory" else 1e12),
                "amount": own, "unit": case.unit, "notes": notes, "foreign_load": foreign_load}
+        if paired is not None and paired.samples:
+            row["paired_read_gbps"] = paired.gbps()
+            row["paired_share"] = paired.share(samples_s, own)
         if self.roofline is not None:
             roof = case.roof(self.roofline)
             row["share"] = None if roof is None else row["rate"] / roof
@@ -501,6 +564,9 @@ class Collector:
             })
             if row.get("share") is not None:
                 info["roofline_share"] = round(row["share"], 4)
+            if row.get("paired_share") is not None:
+                info["paired_read_gbps"] = round(row["paired_read_gbps"], 3)
+                info["paired_read_share"] = round(row["paired_share"], 4)
             if row.get("foreign_load") is not None:
                 info["foreign_cpu_load"] = round(row["foreign_load"], 3)
             if impl == SUBJECT:
@@ -522,7 +588,7 @@ class Collector:
             for r in sorted(results.values(), key=lambda r: r["impl"] != SUBJECT):
                 block.append({
                     "case": "", "impl": r["label"], "ms": r["ms"], "rate": f"{r['rate']:.3g} {r['unit']}",
-                    "share": f"{r['share']:.0%}" if r.get("share") is not None else "",
+                    "share": _shares(r),
                     "speedup": f"{speedups[r['impl']]:.2f}x" if r["impl"] in speedups else "",
                     "foreign": "" if r.get("foreign_load") is None else f"{r['foreign_load']:.0%}",
                     "target": "", "result": ""})

@@ -112,14 +112,19 @@ class Runner:
         self.config, self.collector = config, collector
         self.budget = config.getoption("--bench-budget")
         self.wait_quiet = config.getoption("--bench-wait-quiet")
+        # The PairedRead of the last run() (None without paired_read): for a caller that records
+        # the same rounds under another case and implementation.
+        self.last_probe = None
 
     def run(self, benchmark, case: benchlib.Case, impl: str, fn, label: str = "", min_rounds: int = 5,
             max_rounds: int = 100, warmup: int = 2, budget_s: float | None = None, notes: str = "",
-            also=(), amount: float | None = None):
+            also=(), amount: float | None = None, paired_read: bool = False):
         """Times ``fn`` (no arguments) and records it as ``impl`` of ``case``, and of each case in
         ``also`` (the same work measured once: e.g. one fp32 peer compared with several
         quantized variants). Rounds: what ``--bench-budget`` allows at the first call's time.
-        ``amount``: this implementation's own bytes or FLOPs where they differ from the case's."""
+        ``amount``: this implementation's own bytes or FLOPs where they differ from the case's.
+        ``paired_read`` (memory cases): a :class:`benchlib.PairedRead` of the same bytes before
+        each round, for the rows' paired read share."""
         import anychip
 
         paddle_mod()
@@ -138,9 +143,15 @@ class Runner:
         rounds = benchlib.plan_rounds(estimate, self.budget if budget_s is None else budget_s,
                                       min_rounds, max_rounds)
         benchmark.group = case.name
+        probe = None
+        if paired_read and case.kind == "memory":
+            nbytes = case.amount if amount is None else amount
+            probe = benchlib.PairedRead(nbytes, benchlib.stream_count(nbytes), THREADS)
+            probe.warm(warmup)
         meter = benchlib.ForeignLoad().start()
-        benchmark.pedantic(fn, rounds=rounds, warmup_rounds=0, iterations=1)
+        benchmark.pedantic(fn, setup=probe, rounds=rounds, warmup_rounds=0, iterations=1)
         foreign = meter.stop()
+        self.last_probe = probe
         stats = getattr(benchmark, "stats", None)
         samples = list(stats.stats.data) if stats is not None else benchlib.time_calls(fn, rounds, 0)
         fell = {k: v - before.get(k, 0) for k, v in anychip.fallback_counts().items()
@@ -151,9 +162,9 @@ class Runner:
             notes = (notes + "; " if notes else "") + f"fallbacks: {ops}"
         for other in also:
             self.collector.record(other, impl, samples, None, label=label, notes=notes, foreign_load=foreign,
-                                  amount=amount)
+                                  amount=amount, paired=probe)
         return self.collector.record(case, impl, samples, benchmark.extra_info, label=label, notes=notes,
-                                     foreign_load=foreign, amount=amount)
+                                     foreign_load=foreign, amount=amount, paired=probe)
 
 
 @pytest.fixture(scope="session")
@@ -208,7 +219,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         tr.write_line(f"compute roofs: {benchlib.peaks_summary(r.peaks)}")
     tr.write_line("speedup = peer time / anychip time (> 1: anychip faster); roofline = share of copy "
                   "bandwidth (GB/s rows that read and write), of read bandwidth (GB/s rows that stream "
-                  "their input: GEMV) or of the compute roof (TFLOP/s, TOP/s rows)")
+                  "their input: GEMV) or of the compute roof (TFLOP/s, TOP/s rows); paired = share of a plain "
+                  "read of the same bytes timed before each round (GEMV rows; what their targets judge)")
     tr.write_line(f"other load = CPU time of other processes while it was timed, share of all CPUs (whole run: "
                   f"{_pct(session_load)}); above ~10% the 2-thread figures are unreliable, rerun on a quiet machine")
     tr.write_line("targets are reported, not asserted: these machines are shared and noisy (10-20% run to run, "

@@ -90,6 +90,44 @@ def test_fma_probe_measures_the_kernels_vector_width():
     assert rates["avx2"] > 3 * rates["scalar"] > 0
 
 
+def test_read_probe_reads_every_byte():
+    """anychip_cpu_read_pass or-s every byte it reads into its result, on every ISA path: a
+    single nonzero byte anywhere (either side of the threads' boundaries, at 333_312 and 666_624;
+    the last thread's tail past its vector loop) shows."""
+    code = ("import numpy as np; from anychip_plugins.cpu.host_kernels import read_pass\n"
+            "buf = np.zeros(1_000_003, np.uint8)\n"
+            "assert read_pass(buf.ctypes.data, buf.nbytes, 3) == 0\n"
+            "for i, bit in ((0, 1), (333_311, 2), (333_312, 4), (666_623, 8), (1_000_002, 128)):\n"
+            "    buf[:] = 0; buf[i] = bit\n"
+            "    assert read_pass(buf.ctypes.data, buf.nbytes, 3) != 0, i\n")
+    for cap in ("scalar", "avx2", "avx512"):
+        subprocess.run([sys.executable, "-c", code], env={**os.environ, "ANYCHIP_CPU_ISA": cap}, check=True)
+
+
+def test_paired_read_share_is_per_round(benchlib):
+    """PairedRead times one read before each round; a row's paired share is the median over rounds
+    of its rate against the read just before it, which a swing between rounds cannot skew."""
+    probe = benchlib.PairedRead(2**20, 2, threads=2)
+    probe.warm(2)
+    assert probe.samples == []
+    for _ in range(3):
+        probe()
+    assert len(probe.samples) == 3 and probe.gbps() > 0
+    probe.samples = [1.0, 1.0, 4.0]  # the reads' times: the last round met a slow memory system
+    rounds = [2.0, 1.0, 4.0]
+    assert probe.share(rounds, 2**20) == pytest.approx(1.0)  # per round 0.5, 1, 1 (ratio of medians: 0.5)
+    case = benchlib.Case("gemv", "memory", 2**20, pattern="read",
+                         targets=(benchlib.RooflineShare(0.7, paired=True),))
+    col = benchlib.Collector(benchlib.Roofline(40.0, threads=2, read_gbps=20.0))
+    row = col.record(case, "anychip", rounds, paired=probe)
+    assert row["paired_share"] == pytest.approx(1.0) and row["paired_read_gbps"] == pytest.approx(2**20 / 1e9)
+    assert col.verdicts("gemv")[0] == {"target": ">= 70% of read bandwidth (paired: same bytes, read between the calls)",
+                                       "result": "PASS", "value": "100%"}
+    assert "(paired 100% of" in col.format_table()
+    col.record(case, "anychip", rounds)  # timed without a probe: the paired target cannot judge it
+    assert col.verdicts("gemv")[0]["result"] == "n/a"
+
+
 def test_rounds_and_timing(benchlib):
     assert benchlib.plan_rounds(0.1, 1.0, 3, 100) == 10
     assert benchlib.plan_rounds(10.0, 1.0, 3, 100) == 3

@@ -56,6 +56,21 @@ def fma_peak(threads: int, seconds: float = 0.5) -> float:
     return fn(threads, seconds)
 
 
+def read_pass(address: int, nbytes: int, threads: int) -> int:
+    """One plain read of the ``nbytes`` bytes at ``address`` by ``threads`` threads, each a
+    contiguous share, on the kernels' ISA: timed around a call, the host's read bandwidth for a
+    buffer of that size (the benchmarks' paired read roofline). Returns the or of the bytes as
+    64-bit words: nonzero exactly when some byte is, so that no byte goes unread."""
+    return _read_pass_fn()(address, nbytes, threads)
+
+
+@functools.cache
+def _read_pass_fn():
+    fn = ctypes.CDLL(str(LIBRARY)).anychip_cpu_read_pass
+    fn.restype, fn.argtypes = ctypes.c_uint64, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+    return fn
+
+
 def _kernel(name: str) -> NativeKernel:
     kernel = NativeKernel(str(LIBRARY), f"anychip_cpu_{name}")
     kernel.address  # resolve now: a missing kernel disables the plugin with its reason, not a later call
