@@ -34,6 +34,18 @@ def run_python(code: str, env: dict | None = None, timeout: float = 120) -> subp
                           timeout=timeout)
 
 
+def pytest_report_header(config):
+    """Which host-kernel tiers this run covers: the tier tests rerun cases capped to each tier
+    up to the best this CPU has, and skip the others."""
+    from anychip_plugins.cpu.host_kernels import ISAS, kernel_isa
+
+    best = kernel_isa()
+    covered = ISAS[:ISAS.index(best) + 1]
+    missing = ISAS[len(covered):]
+    return (f"anychip host kernels: {best} in-process; ISA tiers covered: {', '.join(covered)}"
+            + (f" (this CPU lacks {', '.join(missing)}: their tier tests skip)" if missing else ""))
+
+
 @pytest.fixture(params=AVAILABLE, scope="session")
 def device(request):
     import anychip.runtime as rt

@@ -75,9 +75,11 @@ def check_grad(rng, lead, k, n, dtype, with_bias):
 # Odd sizes; K <= N and K > N (the two orientations of dweight's product); 3-D x; multiples of 32
 # (the AMX path then reads x and dy in place); and sizes past the blocked products' blocks: 480
 # rows and 256 deep (float32), 32-row tiles and 128 columns per task (AMX), and AMX contractions
-# longer than its 4096-deep chunks (over N for dx, K for y).
+# longer than its 4096-deep chunks (over N for dx, K for y); LoRA's products, narrow on one side
+# (x A^T: N = the rank; h B^T: K = the rank) and their gradients.
 SHAPES = [((7,), 33, 17), ((130,), 70, 45), ((2, 5), 33, 40), ((1,), 1, 1), ((3, 4, 3), 16, 32),
-          ((33,), 64, 300), ((2, 32), 64, 96)]
+          ((33,), 64, 300), ((2, 32), 64, 96), ((2, 61), 64, 8), ((2, 61), 8, 130), ((61,), 576, 16),
+          ((64,), 16, 576)]
 LARGE_SHAPES = [((500,), 300, 150), ((40,), 96, 4200), ((5,), 4100, 3)]
 
 
