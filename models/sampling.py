@@ -29,6 +29,8 @@ class SamplingParams:
             (0 < self.top_p <= 1, "top_p must be in (0, 1]", self.top_p),
             (self.repetition_penalty > 0, "repetition_penalty must be > 0", self.repetition_penalty),
             (all(self.stop), "stop strings must not be empty", self.stop),
+            (self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool) and self.seed >= 0),
+             "seed must be a non-negative integer or None", self.seed),
         ]
         for ok, message, value in checks:
             if not ok:

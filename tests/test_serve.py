@@ -308,7 +308,7 @@ def test_the_api_answers_503_when_the_queue_is_full(tiny):
     engine = Engine(*tiny, EngineConfig(max_batch=1, max_len=64, max_queue=1))
     engine.submit([1, 2, 3], params(4), Collector())
     app = create_app(engine, ServedModel("model", set(), "cpu:0", False, "native"))
-    with TestClient(app) as http:
+    with TestClient(app, base_url="http://127.0.0.1") as http:  # the server takes loopback Hosts only
         reply = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 4})
     assert reply.status_code == 503
     assert reply.json()["error"]["code"] == "overloaded"

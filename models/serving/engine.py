@@ -132,6 +132,15 @@ class Metrics:
         return sum(n for _, n in steps[1:]) / max(steps[-1][0] - steps[0][0], 1e-9)
 
 
+def _notify(handle: Handle, event: Event) -> None:
+    """Delivers a request's last event; a failing callback is that client's problem alone."""
+    try:
+        handle.on_event(event)
+    except Exception as e:
+        print(f"anychip serve: request {handle.id}: its {event.kind} event could not be delivered: {e}",
+              file=sys.stderr)
+
+
 class Engine:
     """Serves ``model`` (already on its device) with ``tokenizer`` under ``config``."""
 
@@ -147,7 +156,8 @@ class Engine:
         self._free_rows = list(range(self.config.max_batch))
         self._ids = itertools.count(1)
         self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name="anychip-engine", daemon=True)
+        self.failure: str | None = None  # why the engine thread stopped, if it died
+        self._thread = threading.Thread(target=self._run, name="anychip-engine", daemon=True)
 
     @property
     def cache_bytes(self) -> int:
@@ -186,11 +196,18 @@ class Engine:
         with self._cond:
             if self._stopping:
                 raise EngineBusy("the server is shutting down")
+            if self.failure is not None:
+                raise EngineBusy(f"the engine has stopped: {self.failure}")
             if len(self._waiting) >= self.config.max_queue:
                 raise EngineBusy(f"{len(self._waiting)} requests are already waiting; retry later")
             self._waiting.append(handle)
             self._cond.notify()
         return handle
+
+    @property
+    def alive(self) -> bool:
+        """Whether the engine thread is serving (started, not stopped, not dead)."""
+        return self._thread.is_alive() and self.failure is None and not self._stopping
 
     def snapshot(self) -> dict:
         """Gauges for /metrics and /health."""
@@ -199,6 +216,22 @@ class Engine:
                     "reserved_tokens": sum(r.handle.reserved for r in self._running)}
 
     # ---- the engine thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        """The thread's body: if the loop itself ever fails, the engine says so (/health) and
+        fails every request it holds instead of leaving them waiting forever."""
+        try:
+            self._loop()
+        except BaseException as e:
+            self.failure = f"{type(e).__name__}: {e}"
+            print(f"anychip serve: the engine stopped: {self.failure}", file=sys.stderr)
+            with self._cond:
+                waiting, self._waiting = list(self._waiting), deque()
+            for handle in waiting:
+                self._count("error")
+                _notify(handle, Event("error", error=f"the engine stopped: {self.failure}"))
+            for request in list(self._running):
+                self._finish(request, error=f"the engine stopped: {self.failure}")
 
     def _loop(self) -> None:
         with paddle.no_grad():
@@ -235,8 +268,14 @@ class Engine:
             if reserved + handle.reserved > self.config.budget:
                 break
             self._waiting.popleft()
+            try:
+                request = _Running(handle, self._free_rows[0], self.tokenizer)
+            except Exception as e:  # one request's set-up fails that request alone
+                self._count("error")
+                _notify(handle, Event("error", error=f"the request could not start: {e}"))
+                continue
+            self._free_rows.pop(0)
             reserved += handle.reserved
-            request = _Running(handle, self._free_rows.pop(0), self.tokenizer)
             self._running.append(request)
             admitted.append(request)
         return admitted
@@ -270,7 +309,7 @@ class Engine:
         self.metrics.prefill_s += time.perf_counter() - start
         self.metrics.prompt_tokens += sum(lengths)
         for request, row in zip(group, logits):
-            self._take(request, row)
+            self._take_or_fail(request, row)
 
     def _decode(self) -> None:
         batch = list(self._running)
@@ -283,7 +322,17 @@ class Engine:
         self.metrics.decode_steps += 1
         self.metrics.recent.append((time.perf_counter(), len(batch)))
         for request, row in zip(batch, logits):
-            self._take(request, row)
+            self._take_or_fail(request, row)
+
+    def _take_or_fail(self, request: _Running, logits: np.ndarray) -> None:
+        """:meth:`_take`, where a failure (sampling, detokenizing, the client's callback) ends
+        that request alone; the batch goes on."""
+        try:
+            self._take(request, logits)
+        except Exception as e:
+            print(f"anychip serve: request {request.handle.id} failed: {e}", file=sys.stderr)
+            if request in self._running:
+                self._finish(request, error=f"generation failed: {e}")
 
     def _take(self, request: _Running, logits: np.ndarray) -> None:
         """Samples the request's next token from its logits and passes on what became final."""
@@ -315,12 +364,12 @@ class Engine:
         handle = request.handle
         if error:
             self._count("error")
-            handle.on_event(Event("error", error=error))
+            _notify(handle, Event("error", error=error))
         elif cancelled:
             self._count("cancelled")
         else:
             self._count(request.seq.out.finish_reason)
-            handle.on_event(Event("done", completion=request.seq.out))
+            _notify(handle, Event("done", completion=request.seq.out))
 
     def _count(self, outcome: str) -> None:
         self.metrics.requests[outcome] = self.metrics.requests.get(outcome, 0) + 1

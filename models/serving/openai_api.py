@@ -64,14 +64,28 @@ def _stop(body: dict) -> list[str]:
         raise APIError(400, "stop must be a non-empty string or a list of them", "stop")
     if len(stops) > MAX_STOP:
         raise APIError(400, f"stop takes at most {MAX_STOP} sequences, got {len(stops)}", "stop")
-    return stops
+    return [_utf8(s, "stop") for s in stops]
 
 
-def check_model(body: dict, served: set[str]) -> None:
+def check_model(body: dict, served_id: str, names: set[str]) -> None:
+    """``model``, if given, must name the served model (its id, as /v1/models lists it, or an alias)."""
     model = body.get("model")
-    if model is not None and model not in served:
-        raise APIError(404, f"The model {model!r} does not exist; this server serves {sorted(served)[0]!r}", "model",
+    if model is None:
+        return
+    if not isinstance(model, str):
+        raise APIError(400, f"model must be a string, got {type(model).__name__}", "model")
+    if model not in names:
+        raise APIError(404, f"The model {model[:100]!r} does not exist; this server serves {served_id!r}", "model",
                        "model_not_found")
+
+
+def _utf8(text: str, field: str) -> str:
+    """``text`` if it encodes as UTF-8: JSON's \\ud800-style escapes can make lone surrogates."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise APIError(400, f"{field} is not valid Unicode text: {e.reason} at character {e.start}", field) from None
+    return text
 
 
 def _message_text(i: int, message) -> dict:
@@ -88,7 +102,7 @@ def _message_text(i: int, message) -> dict:
         content = "".join(p["text"] for p in content)
     if not isinstance(content, str):
         raise APIError(400, f"messages[{i}].content must be a string", f"messages[{i}].content")
-    return {"role": "system" if role == "developer" else role, "content": content}
+    return {"role": "system" if role == "developer" else role, "content": _utf8(content, f"messages[{i}].content")}
 
 
 def parse(body, kind: str, tokenizer, max_len: int) -> ParsedRequest:
@@ -108,7 +122,7 @@ def parse(body, kind: str, tokenizer, max_len: int) -> ParsedRequest:
         if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], (str, list)):
             raw = raw[0]
         if isinstance(raw, str) and raw:
-            prompt = tokenizer.encode(raw, add_bos=tokenizer.add_bos)
+            prompt = tokenizer.encode(_utf8(raw, "prompt"), add_bos=tokenizer.add_bos)
         elif isinstance(raw, list) and raw and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
             prompt = list(raw)
         else:
@@ -144,7 +158,7 @@ def parse(body, kind: str, tokenizer, max_len: int) -> ParsedRequest:
         top_k=_number(body, "top_k", 0, low=0, integer=True),
         repetition_penalty=_number(body, "repetition_penalty", 1.0, low=0, low_open=True),
         stop=_stop(body),
-        seed=_number(body, "seed", None, integer=True),
+        seed=_number(body, "seed", None, low=0, high=2**64 - 1, integer=True),
         ignore_eos=_flag(body, "ignore_eos"),  # vLLM's extension: benchmarks want fixed lengths
     )
     return ParsedRequest(prompt, params, stream, bool(options.get("include_usage")), given is not None)

@@ -20,11 +20,11 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 
+from .access import AccessPolicy, Guard
 from .engine import Engine, EngineBusy, Event, RequestTooLong
 from .openai_api import APIError, Shaper, check_model, parse
 
 PAGE = Path(__file__).with_name("static") / "chat.html"
-DISCONNECT_POLL_S = 0.5
 
 
 @dataclass
@@ -50,7 +50,23 @@ def _sse(obj) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-def create_app(engine: Engine, served: ServedModel) -> Starlette:
+async def _body(request: Request, limit: int) -> bytes:
+    """The request body, read as it arrives and refused (413) as soon as it passes ``limit``
+    bytes, so that a huge body costs neither the memory nor the time to receive it whole."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise APIError(413, f"the request body is larger than this server takes ({limit} bytes, --max-body-bytes)",
+                           code="request_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def create_app(engine: Engine, served: ServedModel, policy: AccessPolicy | None = None):
+    """The server's ASGI app: the routes behind ``policy``'s checks (default: loopback only,
+    no API key)."""
+    policy = policy or AccessPolicy()
     rejected: dict[int, int] = {}
     names = {served.id} | served.aliases
 
@@ -60,12 +76,15 @@ def create_app(engine: Engine, served: ServedModel) -> Starlette:
 
     async def completions(request: Request, kind: str):
         try:
+            raw = await _body(request, policy.max_body_bytes)
             try:
-                body = json.loads(await request.body())
+                body = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
                 raise APIError(400, f"the request body is not valid JSON: {e}") from None
+            except RecursionError:
+                raise APIError(400, "the request body is nested too deeply to be a request") from None
             if isinstance(body, dict):
-                check_model(body, names)
+                check_model(body, served.id, names)
             parsed = parse(body, kind, engine.tokenizer, engine.config.max_len)
             loop = asyncio.get_running_loop()
             events: asyncio.Queue[Event] = asyncio.Queue()
@@ -105,9 +124,13 @@ def create_app(engine: Engine, served: ServedModel) -> Starlette:
              "max_model_len": engine.config.max_len}]})
 
     async def health(_request: Request):
-        return JSONResponse({"status": "ok", "model": served.id, "device": served.device,
-                             "simulated": served.simulated, **engine.snapshot(),
-                             "max_batch": engine.config.max_batch, "max_len": engine.config.max_len})
+        alive = engine.alive
+        about = {"model": served.id, "device": served.device, "simulated": served.simulated, **engine.snapshot(),
+                 "max_batch": engine.config.max_batch, "max_len": engine.config.max_len}
+        if not alive:  # a server whose engine died must not look healthy to a load balancer
+            return JSONResponse({"status": "error", "error": f"the engine is not running: {engine.failure or 'stopped'}",
+                                 **about}, status_code=503)
+        return JSONResponse({"status": "ok", **about})
 
     async def metrics(_request: Request):
         return PlainTextResponse(render_metrics(engine, served, rejected),
@@ -122,28 +145,36 @@ def create_app(engine: Engine, served: ServedModel) -> Starlette:
     async def not_allowed(request: Request, _exc):
         return _error(APIError(405, f"{request.method} is not allowed on {request.url.path}", code="method_not_allowed"))
 
-    return Starlette(routes=[
+    return Guard(Starlette(routes=[
         Route("/", page),
         Route("/health", health),
         Route("/metrics", metrics),
         Route("/v1/models", models),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", text_completions, methods=["POST"]),
-    ], exception_handlers={404: not_found, 405: not_allowed})
+    ], exception_handlers={404: not_found, 405: not_allowed}), policy)
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client hangs up: after the body, the next ASGI message is the disconnect.
+    (Polling ``request.is_disconnected()`` missed it: uvicorn delivers it only to a waiting receive.)"""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _collect(request: Request, handle, events: asyncio.Queue, shaper: Shaper) -> JSONResponse:
     """Waits for the whole completion, cancelling it if the client disconnects meanwhile."""
     parts = []
+    gone = asyncio.ensure_future(_disconnected(request))
     try:
         while True:
-            try:
-                event = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    handle.cancel()
-                    return JSONResponse({}, status_code=499)
-                continue
+            got = asyncio.ensure_future(events.get())
+            await asyncio.wait({got, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not got.done():
+                got.cancel()
+                handle.cancel()
+                return JSONResponse({}, status_code=499)
+            event = got.result()
             if event.kind == "text":
                 parts.append(event.text)
             elif event.kind == "error":
@@ -154,6 +185,8 @@ async def _collect(request: Request, handle, events: asyncio.Queue, shaper: Shap
     except asyncio.CancelledError:
         handle.cancel()
         raise
+    finally:
+        gone.cancel()
 
 
 async def _stream(handle, events: asyncio.Queue, shaper: Shaper, include_usage: bool):
