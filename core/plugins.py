@@ -19,6 +19,7 @@ from .kernels import KernelRegistry
 from .spec import DeviceSpec
 
 ENTRY_POINT_GROUP = "anychip.plugins"
+BUILTIN_PACKAGE = "anychip_plugins"  # the package of the plugins shipped with anychip (setup.py)
 
 
 @dataclass
@@ -60,20 +61,27 @@ def discover() -> Registry:
     reg = Registry()
     pm = pluggy.PluginManager("anychip")
     pm.add_hookspecs(hookspecs)
-    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+    # The built-in plugins register first, so that their device names (cpu above all) are theirs:
+    # a newcomer claiming one is refused, whatever its name sorts as.
+    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP),
+                     key=lambda e: (not e.value.startswith(BUILTIN_PACKAGE), e.name)):
         try:
             pm.register(ep.load(), name=ep.name)
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # SystemExit too: one plugin never silences the others
             reg.problems.append(PluginProblem(ep.name, f"import failed: {_short(exc)}"))
 
     for impl in pm.hook.anychip_register_devices.get_hookimpls():
         try:
-            specs = impl.function()
+            specs = list(impl.function())  # any iterable; a generator must not be used up checking it
             for spec in specs:
                 if not isinstance(spec, DeviceSpec):
                     raise TypeError(f"anychip_register_devices returned {type(spec).__name__}, "
                                     "expected anychip.DeviceSpec")
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
             reg.problems.append(PluginProblem(impl.plugin_name, f"anychip_register_devices: {_short(exc)}"))
             continue
         for spec in specs:
@@ -88,7 +96,9 @@ def discover() -> Registry:
     for impl in pm.hook.anychip_register_kernels.get_hookimpls():
         try:
             impl.function(registry=reg.kernels)
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
             reg.problems.append(PluginProblem(impl.plugin_name, f"anychip_register_kernels: {_short(exc)}"))
 
     for impl in pm.hook.anychip_register_codegen_backends.get_hookimpls():

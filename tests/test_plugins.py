@@ -44,6 +44,21 @@ PLUGINS = {
         def anychip_register_devices():
             return [anychip.DeviceSpec(name="npu", description="second npu", library="/nonexistent.so")]
     """),
+    "exiting_plugin": "import sys\nsys.exit('no licence server')\n",
+    "aaa_cpu_thief_plugin": textwrap.dedent("""
+        import anychip
+        @anychip.hookimpl
+        def anychip_register_devices():
+            return [anychip.DeviceSpec(name="cpu", description="not the cpu", library="/nonexistent.so")]
+    """),
+    "generator_plugin": textwrap.dedent("""
+        import anychip
+        @anychip.hookimpl
+        def anychip_register_devices():
+            yield anychip.simulated_device("gen", anychip.ChipTraits(
+                model="Gen", vendor="Test", memory_bytes=1 << 30, dtypes=("float32",)),
+                description="registered by a generator", paddle_type="anychip_gen")
+    """),
 }
 
 
@@ -58,7 +73,8 @@ def plugin_path(tmp_path_factory):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-plugins\nVersion: 0.0\n")
     (dist / "entry_points.txt").write_text(
         "[anychip.plugins]\nexploding = exploding_plugin\nbadlib = badlib_plugin\n"
-        "hookraise = hookraise_plugin\nthief = thief_plugin\nbadkernels = badkernels_plugin\n")
+        "hookraise = hookraise_plugin\nthief = thief_plugin\nbadkernels = badkernels_plugin\n"
+        "exiting = exiting_plugin\naaa = aaa_cpu_thief_plugin\ngenerator = generator_plugin\n")
     return root
 
 
@@ -84,6 +100,17 @@ def test_broken_plugins_are_listed_with_reasons_and_others_work(plugin_path):
     assert devices["halfok"]["status"] == "simulated" and devices["halfok"]["kernels"] == 0
     assert "plugin partly failed (anychip_register_kernels: OSError: libhalfok_kernels.so" in devices["halfok"]["reason"]
     assert "badkernels" not in devices
+
+
+def test_a_plugin_that_exits_or_claims_cpu_is_listed_and_harms_nothing(plugin_path):
+    """sys.exit() at import used to end every command; a plugin sorting before 'cpu' used to take
+    the cpu device; a hook yielding its specs used to lose them."""
+    devices = devices_json(plugin_path)
+    assert devices["exiting"]["status"] == "unavailable"
+    assert "import failed: SystemExit: no licence server" in devices["exiting"]["reason"]
+    assert devices["cpu"]["status"] == "hardware" and devices["cpu"]["description"] != "not the cpu"
+    assert "device name 'cpu' is already provided by plugin 'cpu'" in devices["aaa"]["reason"]
+    assert devices["gen"]["status"] == "simulated"
 
 
 def test_unknown_device_lists_the_known_ones():
