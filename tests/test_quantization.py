@@ -129,3 +129,25 @@ def test_quantize_eval_and_generate_through_the_cli(model_dir, calib_file, tmp_p
 def test_quantize_needs_calibration_for_gptq(model_dir, tmp_path):
     run = anychip("quantize", "--model", model_dir, "--type", "wint4", "--gptq", "--output", tmp_path / "q")
     assert run.returncode != 0 and "--calib" in run.stderr
+
+
+def test_quantize_refuses_to_replace_a_file_or_a_full_folder(model_dir, tmp_path):
+    """--output an existing file used to be replaced by a model folder, exit 0."""
+    precious = tmp_path / "notes.txt"
+    precious.write_text("mine")
+    run = anychip("quantize", "--model", model_dir, "--type", "wint8", "--output", precious)
+    assert run.returncode != 0 and "is a file" in run.stderr and "Traceback" not in run.stderr
+    assert precious.read_text() == "mine"
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep.txt").write_text("mine")
+    run = anychip("quantize", "--model", model_dir, "--type", "wint8", "--output", full)
+    assert run.returncode != 0 and "--overwrite" in run.stderr and (full / "keep.txt").exists()
+
+
+def test_quantize_with_an_empty_calibration_file_says_so(model_dir, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    run = anychip("quantize", "--model", model_dir, "--type", "wint4", "--gptq", "--calib", empty,
+                  "--output", tmp_path / "q")
+    assert run.returncode != 0 and "holds no calibration text" in run.stderr and "Traceback" not in run.stderr

@@ -37,6 +37,16 @@ def add_parser(sub, common):
     p.add_argument("--calib-samples", type=int, default=128, metavar="N", help="calibration sequences to use, at most (default 128)")
     p.add_argument("--max-length", type=int, default=512, metavar="N", help="tokens per calibration record (default 512)")
     p.add_argument("--output", required=True, metavar="DIR", help="the quantized model folder to write")
+    p.add_argument("--overwrite", action="store_true", help="replace --output if it is a folder that holds files")
+
+
+def _check_output(path: Path, overwrite: bool) -> None:
+    """Refuses, before any work, to replace a file or (without --overwrite) a folder's contents."""
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--output {path} is a file, not a model folder: choose another path")
+    if path.is_dir() and any(path.iterdir()) and not overwrite:
+        raise ValueError(f"--output {path} already holds files: pass --overwrite to replace them, "
+                         "or choose another folder")
 
 
 def _calibration_sequences(path: Path, tokenizer, max_length: int) -> list[list[int]]:
@@ -69,6 +79,7 @@ def run(args) -> int:
         raise ValueError("--gptq and --smooth need calibration data: pass --calib FILE")
     if args.calib_samples < 1:
         raise ValueError(f"--calib-samples must be >= 1, got {args.calib_samples}")
+    _check_output(Path(args.output), args.overwrite)
     device = anychip.set_device(args.device)
     name, _, index = device.partition(":")
     if describe(name).status == "simulated":
@@ -79,6 +90,8 @@ def run(args) -> int:
     calibration = {}
     if needs_calibration:
         sequences = _calibration_sequences(Path(args.calib), checkpoint.tokenizer, args.max_length)[:args.calib_samples]
+        if not sequences:
+            raise ValueError(f"--calib {args.calib} holds no calibration text (at least 2 tokens are needed)")
         calibration = {"data": str(args.calib), "sequences": len(sequences), "tokens": sum(map(len, sequences))}
         print(f"calibrating on {len(sequences)} sequences ({calibration['tokens']} tokens) on {device}", file=sys.stderr)
         stats = calibrate(checkpoint, (name, int(index or 0)), sequences)
