@@ -27,6 +27,18 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded; the message names the file and, where relevant, the tensor."""
 
 
+def shown(value) -> str:
+    """A value read from a model file, for an error message: its repr, cut short (a hostile one
+    may be a list of millions)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def is_int(value) -> bool:
+    """An integer, not a bool (which Python counts as one)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass
 class ModelConfig:
     """A Llama-family decoder (Llama 2/3, Qwen2, SmolLM2): pre-norm RMSNorm, RoPE, grouped-query

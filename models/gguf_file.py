@@ -4,10 +4,17 @@ Tensor types: F32, F16, BF16 (always float32 here) and the block formats Q8_0, Q
 dequantized (weights="float") or converted block by block into anychip's weight-only layout
 (weights="native") without going through float: Q8_0 -> 8 bits; Q4_0 -> 4 bits, w = d (q - 8);
 Q4_1 -> 4 bits with offsets, w = d q + m = d (q - 8) + (m + 8 d). All three use groups of 32.
+
+A file is checked before any tensor is read: every count and offset in its header against the
+file's size, every tensor's type, shape and bytes against the tensor table (as llama.cpp's reader
+does) and the config, every metadata value against the type it must have. A corrupt or hostile
+file fails with a CheckpointError naming the file, the key or tensor, and what was expected.
 """
 
 from __future__ import annotations
 
+import math
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -15,14 +22,24 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFReader, GGUFValueType
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.gguf_reader import ReaderField
 from gguf.quants import dequantize
 
-from .checkpoint import Checkpoint, CheckpointError, ModelConfig, QuantWeight, tensor_shapes
+from .checkpoint import Checkpoint, CheckpointError, ModelConfig, QuantWeight, is_int, shown, tensor_shapes
 from .tokenizer import Tokenizer
 
 MAGIC = b"GGUF"
 SUPPORTED_TYPES = (T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1)
 BLOCK = 32  # elements per Q8_0 / Q4_0 / Q4_1 block
+MAX_DIMS = 4  # GGML_MAX_DIMS
+# The fewest bytes one entry can take, which bounds a count by the bytes left in the file.
+MIN_KV_BYTES = 8 + 4 + 1  # an empty key, the value type, a one-byte value
+MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # an empty name, n_dims (no dims), the type, the offset
+BLOCK_TENSOR = re.compile(r"blk\.(\d+)\.")
+# Tensors a file may hold that the model does not use: Llama 3.1's RoPE scaling factors (warned about).
+UNUSED_TENSORS = {"rope_freqs.weight"}
+TOKEN_IDS = ("bos", "eos", "eot", "eom", "padding")  # the tokenizer.ggml.*_token_id keys the tokenizer reads
 
 # Architecture -> whether llama.cpp runs it with its "normal" (interleaved-pair) RoPE, for which
 # its converter permuted the q/k rows of the Hugging Face weights; NeoX-RoPE archs keep HF order.
@@ -42,12 +59,22 @@ def gguf_name(canonical: str) -> str:
     return GLOBAL_NAMES[canonical]
 
 
-class _Reader(GGUFReader):
-    """GGUFReader with its low-level read (``_get``) and its array parsing replaced.
+class _Corrupt(ValueError):
+    """A header that describes what the file cannot hold; the message is complete but for the file."""
 
-    - Reads past the end of the file fail with a clear message in the header, and read as zeros
-      for tensor data (instead of failing on a short array), so that the loader can name the
-      tensor a truncated file cuts.
+
+class _Reader(GGUFReader):
+    """GGUFReader with its low-level read (``_get``), its metadata and array parsing replaced, and
+    every count, type and offset it reads checked before it is used.
+
+    - Reads past the end of the file fail with a clear message.
+    - Counts (metadata entries, tensor infos, array items) are checked against the bytes left in
+      the file before they are looped over: a hostile count fails at once instead of walking (or
+      allocating) billions of entries.
+    - Tensor infos are checked as llama.cpp's reader checks them, before any tensor is mapped: at
+      most 4 dims, a GGML type, rows of whole blocks, and each tensor's data exactly where the one
+      before it ends (padded to the alignment), the last one ending the file. So a corrupt type,
+      dim or offset cannot make a tensor read its neighbour's bytes as weights.
     - Reads slice a plain ndarray view of the memory map rather than the np.memmap, whose
       per-slice bookkeeping made parsing a 49k-token vocabulary take ~3 s instead of ~1 s.
     - Arrays of numbers become one part, and arrays of strings are walked with plain integer
@@ -67,19 +94,55 @@ class _Reader(GGUFReader):
         plain = self._file_bytes()
         dtype, count = np.dtype(dtype), int(count)
         if offset + dtype.itemsize * count > len(plain):
-            if "data_offset" not in self.__dict__:  # set once the header is parsed
-                raise self._past_end()
-            return np.zeros(count, dtype)
+            raise self._past_end()
         arr = plain[offset:offset + dtype.itemsize * count].view(dtype)
         return arr.view(arr.dtype.newbyteorder(self.byte_order if override_order is None else override_order))
 
+    def _check_count(self, offs: int, count: int, min_bytes: int, label: str, items: str) -> None:
+        """``count`` entries of at least ``min_bytes`` each must fit in the file after ``offs``."""
+        left = max(len(self._file_bytes()) - offs, 0)
+        if count * min_bytes > left:
+            raise _Corrupt(f"{label} is {count}, but the {left} bytes left in the file hold at most "
+                           f"{left // min_bytes} {items}")
+
+    @staticmethod
+    def _value_type(raw) -> GGUFValueType:
+        try:
+            return GGUFValueType(int(raw))
+        except ValueError:
+            raise _Corrupt(f"value type {int(raw)} is not a GGUF value type (0 to {int(max(GGUFValueType))})") \
+                from None
+
+    def _build_fields(self, offs, count):
+        """gguf's own loop over the metadata, with the count bounded and errors naming the key."""
+        self._check_count(offs, int(count), MIN_KV_BYTES, "GGUF.kv_count", "metadata entries")
+        for _ in range(int(count)):
+            start = offs
+            key_length, key_bytes = self._get_str(offs)
+            try:
+                key = bytes(key_bytes).decode("utf-8")
+            except UnicodeDecodeError:
+                raise _Corrupt(f"the metadata key at byte {start} is not UTF-8 text") from None
+            offs += 8 + len(key_bytes)
+            raw_type = self._get(offs, np.uint32)
+            try:
+                size, parts, indices, types = self._get_field_parts(offs + 4, raw_type[0])
+            except _Corrupt as exc:
+                raise _Corrupt(f"metadata key {key!r}: {exc}") from None
+            self._push_field(ReaderField(start, key, [key_length, key_bytes, raw_type, *parts],
+                                         [i + 3 for i in indices], types), skip_sum=True)
+            offs += 4 + size
+        return offs
+
     def _get_field_parts(self, orig_offs, raw_type):
-        if raw_type != GGUFValueType.ARRAY:
+        if self._value_type(raw_type) != GGUFValueType.ARRAY:
             return super()._get_field_parts(orig_offs, raw_type)
         item_type, length = self._get(orig_offs, np.uint32), self._get(orig_offs + 4, np.uint64)
-        sub = GGUFValueType(int(item_type[0]))
+        sub = self._value_type(item_type[0])
         head, offs, count = [item_type, length], orig_offs + 12, int(length[0])
         scalar = self.gguf_scalar_to_np.get(sub)
+        min_item = np.dtype(scalar).itemsize if scalar else 8 if sub == GGUFValueType.STRING else 12
+        self._check_count(offs, count, min_item, "the array length", "items")
         if scalar is not None:
             values = self._get(offs, scalar, count)
             return 12 + int(values.nbytes), head + [values], [2], [GGUFValueType.ARRAY, sub]
@@ -98,29 +161,88 @@ class _Reader(GGUFReader):
             offs += 8 + size
         return offs - orig_offs, head + strings, list(range(2, 2 + count)), [GGUFValueType.ARRAY, sub]
 
+    def _build_tensor_info(self, offs, count):
+        self._check_count(offs, int(count), MIN_TENSOR_INFO_BYTES, "GGUF.tensor_count", "tensor infos")
+        fields = []
+        for i in range(int(count)):
+            try:
+                field = self._get_tensor_info_field(offs)
+            except UnicodeDecodeError:
+                raise _Corrupt(f"the name of tensor info {i} (at byte {offs}) is not UTF-8 text") from None
+            n_dims = int(field.parts[2][0])
+            if n_dims > MAX_DIMS:  # checked at once: the dims read decide where the next info starts
+                raise _Corrupt(f"tensor {field.name!r} has {n_dims} dimensions, at most {MAX_DIMS} are allowed")
+            offs += sum(int(part.nbytes) for part in field.parts)
+            fields.append(field)
+        return offs, fields
+
+    def _build_tensors(self, start_offs, fields):
+        size, alignment = len(self._file_bytes()), int(self.alignment)
+        expected, previous = 0, None  # where the next tensor's data must start; the tensor before it
+        for field in fields:
+            name, dims, raw_type, offset = field.name, field.parts[3], int(field.parts[4][0]), int(field.parts[5][0])
+            try:
+                qtype = T(raw_type)
+            except ValueError:
+                raise _Corrupt(f"tensor {name!r} has type id {raw_type}, which is not a GGML type") from None
+            shape = [int(d) for d in dims]  # GGUF order: the row (fastest) dim first
+            block, type_size = GGML_QUANT_SIZES[qtype]
+            row = shape[0] if shape else 1
+            if row % block:
+                raise _Corrupt(f"tensor {name!r} of type {qtype.name} has {row} elements per row, "
+                               f"not a multiple of its block size {block}")
+            if offset % alignment:
+                raise _Corrupt(f"tensor {name!r} has offset {offset}, expected a multiple of {alignment}")
+            if offset != expected:
+                after = ("the data section starts" if previous is None else
+                         f"the data of {previous} ends, padded to {alignment} bytes")
+                raise _Corrupt(f"tensor {name!r} has offset {offset}, expected {expected}, where {after}")
+            n_bytes = math.prod(shape) // block * type_size
+            end = start_offs + offset + n_bytes
+            if end > size:
+                raise _Corrupt(f"truncated: tensor {name!r} ends at byte {end}, but the file has {size} bytes "
+                               f"(it is {qtype.name} {shape} from offset {offset} of the data section)")
+            previous = f"{name!r} ({qtype.name} {shape}: {n_bytes} bytes from offset {offset})"
+            expected = offset + -(-n_bytes // alignment) * alignment
+        # The file ends with the last tensor's data, or with the padding after it: other bytes
+        # at the end mean a tensor's size is wrong, or that bytes were cut or added before.
+        padded_end = start_offs + expected
+        if size not in (end, padded_end) if fields else size > padded_end:
+            last = f"the data of its last tensor {previous}" if fields else "its tensor table"
+            raise _Corrupt(f"the file has {size} bytes, but {last} ends at byte {padded_end} "
+                           f"(padded to {alignment} bytes); a tensor's type or shape must be wrong, or bytes "
+                           "were cut or added")
+        super()._build_tensors(start_offs, fields)
+
 
 def open_gguf(path: Path) -> GGUFReader:
-    """The reader of a GGUF file whose tensor data all lies within the file, or CheckpointError."""
-    with open(path, "rb") as f:
-        head = f.read(4)
+    """The reader of a GGUF file whose header and tensor table check out, or CheckpointError."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read the file ({exc.strerror})") from exc
     if head != MAGIC:
         raise CheckpointError(f"{path}: not a GGUF file (it starts with {head!r}, a GGUF file with {MAGIC!r})")
     try:
-        reader = _Reader(path)
-    except (ValueError, KeyError, IndexError, OverflowError) as exc:
+        return _Reader(path)
+    except _Corrupt as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
+    except (ValueError, KeyError, IndexError, OverflowError, RecursionError) as exc:  # RecursionError: nested arrays
         raise CheckpointError(f"{path}: unreadable GGUF header ({exc}); the file may be truncated or corrupt") from exc
-    size = path.stat().st_size
-    for t in reader.tensors:
-        end = t.data_offset + int(t.n_bytes)
-        if end > size:
-            raise CheckpointError(f"{path}: truncated: tensor {t.name!r} ends at byte {end}, "
-                                  f"but the file has {size} bytes")
-    return reader
 
 
-def metadata(reader: GGUFReader) -> dict:
+def metadata(path: Path, reader: GGUFReader) -> dict:
     """Key -> Python value (str, int, float, bool or a list of them) for every metadata key."""
-    return {key: field.contents() for key, field in reader.fields.items() if not key.startswith("GGUF.")}
+    meta = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        try:
+            meta[key] = field.contents()
+        except UnicodeDecodeError as exc:
+            raise CheckpointError(f"{path}: metadata key {key!r} holds text that is not UTF-8 ({exc.reason})") from None
+    return meta
 
 
 def f32_value(value: float) -> float:
@@ -129,47 +251,129 @@ def f32_value(value: float) -> float:
 
 
 def read_config(path: Path, meta: dict, tensors: dict) -> ModelConfig:
+    """The config the metadata gives, checked against the tensors the file holds."""
     arch = meta.get("general.architecture")
-    if arch not in ARCHS:
-        raise CheckpointError(f"{path}: unsupported architecture {arch!r} (supported: {', '.join(ARCHS)})")
+    if not isinstance(arch, str) or arch not in ARCHS:
+        raise CheckpointError(f"{path}: unsupported architecture {shown(arch)} (supported: {', '.join(ARCHS)})")
 
-    def key(name: str, default=None):
-        value = meta.get(f"{arch}.{name}", default)
-        if value is None:
+    def value(name: str, default=None):
+        found = meta.get(f"{arch}.{name}", default)
+        if found is None:
             raise CheckpointError(f"{path}: metadata key {arch}.{name} is missing")
-        if isinstance(value, list):  # per-layer values (some converters write head counts per layer)
-            if len(set(value)) != 1:
-                raise CheckpointError(f"{path}: {arch}.{name} differs between layers ({value}); not supported")
-            value = value[0]
-        return value
+        if isinstance(found, list):  # per-layer values (some converters write head counts per layer)
+            if not found or found.count(found[0]) != len(found):
+                raise CheckpointError(f"{path}: {arch}.{name} differs between layers ({shown(found)}); not supported")
+            found = found[0]
+        return found
 
-    if "token_embd.weight" not in tensors:
+    def count(name: str, default=None) -> int:
+        found = value(name, default)
+        if not is_int(found) or found <= 0:
+            raise CheckpointError(f"{path}: {arch}.{name} is {shown(found)}, expected a positive integer")
+        return found
+
+    def number(name: str, default=None) -> float:
+        found = value(name, default)
+        if not (is_int(found) or isinstance(found, float)) or not math.isfinite(found) or found <= 0:
+            raise CheckpointError(f"{path}: {arch}.{name} is {shown(found)}, expected a positive number")
+        return f32_value(found)
+
+    embedding = tensors.get("token_embd.weight")
+    if embedding is None:
         raise CheckpointError(f"{path}: tensor 'token_embd.weight' is missing")
-    hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
-    head_dim = int(key("attention.key_length", hidden // heads))
-    rope_dims = int(key("rope.dimension_count", head_dim))
+    hidden, embedding_shape = count("embedding_length"), [int(d) for d in embedding.shape]
+    if len(embedding_shape) != 2 or embedding_shape[0] != hidden:
+        raise CheckpointError(f"{path}: {arch}.embedding_length is {hidden}, but tensor 'token_embd.weight' has "
+                              f"shape {embedding_shape} (GGUF order: [{hidden}, vocabulary] expected)")
+    vocab = embedding_shape[1]
+    if meta.get(f"{arch}.vocab_size", vocab) != vocab:
+        raise CheckpointError(f"{path}: {arch}.vocab_size is {shown(meta[f'{arch}.vocab_size'])}, but tensor "
+                              f"'token_embd.weight' has {vocab} rows")
+    heads = count("attention.head_count")
+    kv_heads = count("attention.head_count_kv", heads)
+    if heads % kv_heads:
+        raise CheckpointError(f"{path}: {arch}.attention.head_count {heads} is not a multiple of "
+                              f"{arch}.attention.head_count_kv {kv_heads}")
+    if f"{arch}.attention.key_length" not in meta and hidden % heads:
+        raise CheckpointError(f"{path}: {arch}.embedding_length {hidden} is not a multiple of "
+                              f"{arch}.attention.head_count {heads}, and {arch}.attention.key_length is missing")
+    head_dim = count("attention.key_length", hidden // heads)
+    if head_dim % 2:
+        raise CheckpointError(f"{path}: the head size ({arch}.attention.key_length) is {head_dim}; RoPE needs it even")
+    rope_dims = count("rope.dimension_count", head_dim)
     if rope_dims != head_dim:
         raise CheckpointError(f"{path}: RoPE over {rope_dims} of {head_dim} head dimensions is not supported")
+    layers = count("block_count")
+    check_blocks(path, f"{arch}.block_count", layers, tensors)
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
     if scaling != "none" or "rope_freqs.weight" in tensors:
         warnings.warn(f"{path}: RoPE scaling ({scaling if scaling != 'none' else 'rope_freqs.weight'}) is not "
                       "applied: positions use plain RoPE with the base frequency", stacklevel=3)
+    name = meta.get("general.name", "")
+    if not isinstance(name, str):
+        raise CheckpointError(f"{path}: general.name is {shown(name)}, expected a string")
     return ModelConfig(
         arch=arch,
-        vocab_size=int(tensors["token_embd.weight"].shape[1]),  # GGUF shapes list the fastest dim first
+        vocab_size=vocab,
         hidden_size=hidden,
-        intermediate_size=int(key("feed_forward_length")),
-        num_layers=int(key("block_count")),
+        intermediate_size=count("feed_forward_length"),
+        num_layers=layers,
         num_heads=heads,
-        num_kv_heads=int(key("attention.head_count_kv", heads)),
+        num_kv_heads=kv_heads,
         head_dim=head_dim,
-        rope_theta=f32_value(key("rope.freq_base", 10000.0)),
-        rms_eps=f32_value(key("attention.layer_norm_rms_epsilon")),
-        max_position=int(key("context_length")),
+        rope_theta=number("rope.freq_base", 10000.0),
+        rms_eps=number("attention.layer_norm_rms_epsilon"),
+        max_position=count("context_length"),
         tie_embeddings="output.weight" not in tensors,
         qkv_bias="blk.0.attn_q.bias" in tensors,
-        name=meta.get("general.name") or path.stem,
+        name=name or path.stem,
     )
+
+
+def check_blocks(path: Path, key: str, count: int, tensors: dict) -> None:
+    """The block count against the blk.N tensors the file holds: one beyond them would make the
+    loader list billions of tensors to look for (a hang), one below them would drop blocks."""
+    present = {int(m.group(1)) for name in tensors if (m := BLOCK_TENSOR.match(name))}
+    if len(present) != count or max(present, default=-1) != count - 1:  # i.e. present != {0 .. count-1}
+        held = f"{len(present)} blocks, blk.{min(present)} to blk.{max(present)}" if present else "no blocks"
+        raise CheckpointError(f"{path}: {key} is {count}, but the file holds tensors of {held}")
+
+
+def check_tokenizer(path: Path, meta: dict, vocab: int) -> None:
+    """The tokenizer.* metadata the tokenizer is built from, of the types it must have, with one
+    token per row of the embedding (as llama.cpp requires) and token ids among them."""
+    def fail(key: str, expected: str):
+        raise CheckpointError(f"{path}: {key} is {shown(meta[key])}, expected {expected}")
+
+    for key in ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.chat_template"):
+        if key in meta and not isinstance(meta[key], str):
+            fail(key, "a string")
+    if not isinstance(meta.get("tokenizer.ggml.add_bos_token", False), bool):
+        fail("tokenizer.ggml.add_bos_token", "true or false")
+    tokens = meta.get("tokenizer.ggml.tokens", [])
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        fail("tokenizer.ggml.tokens", "a list of strings")
+    if "tokenizer.ggml.tokens" in meta and len(tokens) != vocab:
+        raise CheckpointError(f"{path}: tokenizer.ggml.tokens has {len(tokens)} tokens, but tensor "
+                              f"'token_embd.weight' has {vocab} rows")
+    merges = meta.get("tokenizer.ggml.merges", [])
+    if not isinstance(merges, list):
+        fail("tokenizer.ggml.merges", "a list of strings")
+    for i, merge in enumerate(merges):
+        if not isinstance(merge, str) or " " not in merge:
+            raise CheckpointError(f"{path}: tokenizer.ggml.merges[{i}] is {shown(merge)}, expected two tokens "
+                                  "separated by a space")
+    types = meta.get("tokenizer.ggml.token_type")
+    if types is not None:
+        if not isinstance(types, list) or not all(is_int(t) for t in types):
+            fail("tokenizer.ggml.token_type", "a list of integers")
+        if len(types) != len(tokens):
+            raise CheckpointError(f"{path}: tokenizer.ggml.token_type has {len(types)} values, expected one per "
+                                  f"token ({len(tokens)})")
+    for name in TOKEN_IDS:
+        key = f"tokenizer.ggml.{name}_token_id"
+        if key in meta and not (is_int(meta[key]) and 0 <= meta[key] < vocab):
+            fail(key, f"a token id below {vocab}")
 
 
 def to_float(t) -> np.ndarray:
@@ -209,12 +413,20 @@ def to_native(t, n: int, k: int) -> QuantWeight:
 
 def load_gguf(path: Path, weights: str = "float") -> Checkpoint:
     reader = open_gguf(path)
-    meta = metadata(reader)
+    meta = metadata(path, reader)
     by_name = {t.name: t for t in reader.tensors}
     config = read_config(path, meta, by_name)
+    shapes = tensor_shapes(config)
+    # llama.cpp refuses files with tensors its model does not create: here too, as a corrupt
+    # name ('output.weight' -> 'outpuT.weight') would otherwise tie the embeddings silently.
+    unused = sorted(by_name.keys() - set(map(gguf_name, shapes)) - UNUSED_TENSORS)
+    if unused:
+        raise CheckpointError(f"{path}: tensor {unused[0]!r} is not one of the tensors of a {config.arch} model "
+                              f"with this metadata ({len(unused)} such); its name may be corrupt")
+    check_tokenizer(path, meta, config.vocab_size)
     permuted = ARCHS[config.arch]
     tensors = {}
-    for name, shape in tensor_shapes(config).items():
+    for name, shape in shapes.items():
         file_name = gguf_name(name)
         t = by_name.get(file_name)
         if t is None:
@@ -232,7 +444,12 @@ def load_gguf(path: Path, weights: str = "float") -> Checkpoint:
             rows = half_rotation_rows(heads, config.head_dim)
             value = value.take_rows(rows) if isinstance(value, QuantWeight) else value[rows]
         tensors[name] = value
-    tokenizer = Tokenizer.from_gguf_metadata(meta, source=str(path))
+    try:
+        tokenizer = Tokenizer.from_gguf_metadata(meta, source=str(path))
+    except CheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises plain Exception for merges outside the vocabulary
+        raise CheckpointError(f"{path}: tokenizer.ggml.tokens and merges do not make a BPE tokenizer ({exc})") from exc
     return Checkpoint(config=config, tensors=tensors, tokenizer=tokenizer, source=path)
 
 
