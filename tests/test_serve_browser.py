@@ -141,3 +141,25 @@ def test_page_labels_a_simulated_device(page, model_dir):
         expect(page.locator("#simulated")).to_be_visible()
         expect(page.locator("#simulated")).to_contain_text("simulated")
         assert "(simulated)" in page.title()
+
+
+def test_page_asks_for_the_api_key_and_keeps_it_for_the_tab(page, model_dir):
+    with Server(model_dir, "cpu", "--api-key", "s3cret") as keyed:
+        asked = []
+
+        def answer(dialog):  # a wrong key first: the page says so and asks again
+            asked.append(dialog.message)
+            dialog.accept("wrong" if len(asked) == 1 else "s3cret")
+
+        page.on("dialog", answer)
+        open_chat(page, keyed, 8, 0)
+        page.fill("#input", "hello")
+        page.keyboard.press("Enter")
+        wait_for_reply(page, 1)
+        expect(page.locator(".msg.assistant .error")).to_have_count(0)
+        assert len(asked) == 2 and "--api-key" in asked[0] and "refused" in asked[1], asked
+        page.fill("#input", "and again")
+        page.keyboard.press("Enter")
+        wait_for_reply(page, 2)
+        expect(page.locator(".msg.assistant .error")).to_have_count(0)
+        assert len(asked) == 2, "the page asked for the key it already had"

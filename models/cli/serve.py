@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..serving.access import DEFAULT_MAX_BODY_BYTES
+from ..serving.limits import BODY_BYTES_PER_TOKEN, MIN_MAX_BODY_BYTES, default_max_body_bytes
 from .session import add_model_flags, open_session
 
 
@@ -32,13 +32,17 @@ def add_parser(sub, common):
     p.add_argument("--max-queue", type=int, default=256, metavar="N",
                    help="requests that may wait for a row; beyond, new ones get 503 (default 256)")
     p.add_argument("--api-key", metavar="KEY", default=os.environ.get("ANYCHIP_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on every /v1 request (default: $ANYCHIP_API_KEY, "
-                        "else none); the chat page asks for it")
+                   help="require 'Authorization: Bearer KEY' on every /v1 request, 401 otherwise (default: "
+                        "$ANYCHIP_API_KEY, else none); /health and the chat page stay open, and the page asks "
+                        "for the key")
     p.add_argument("--allowed-origins", metavar="ORIGINS", default="",
-                   help="comma-separated web origins (e.g. http://localhost:3000, or *) whose pages may call the "
-                        "API; by default only the server's own chat page may")
-    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, metavar="N",
-                   help=f"largest request body accepted; larger ones get 413 (default {DEFAULT_MAX_BODY_BYTES})")
+                   help="comma-separated web origins (e.g. http://localhost:3000,https://app.example, or * for "
+                        "any) whose pages may call the server; by default a browser request from any other "
+                        "origin than the server's own page gets 403")
+    p.add_argument("--max-body-bytes", type=int, default=None, metavar="N",
+                   help="largest request body taken; a larger one gets 413 as soon as it is known to be larger "
+                        f"(default {MIN_MAX_BODY_BYTES} bytes, or {BODY_BYTES_PER_TOKEN} per token of --max-len "
+                        "where that is more)")
     p.add_argument("--served-name", metavar="NAME", help="the model id clients send (default: the --model value)")
     p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn's log level (default warning)")
@@ -48,16 +52,14 @@ def run(args) -> int:
     import uvicorn
 
     from ..serving.engine import Engine, EngineConfig
-    from ..serving.access import AccessPolicy
-    from ..serving.server import ServedModel, create_app
+    from ..serving.server import ServedModel, ServerConfig, create_app
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
-    if args.max_body_bytes < 1024:
-        raise ValueError(f"--max-body-bytes must be at least 1024, got {args.max_body_bytes}")
-    origins = {o.strip().rstrip("/") for o in args.allowed_origins.split(",") if o.strip()}
-    policy = AccessPolicy(bind_host=args.host, allowed_origins=origins, api_key=args.api_key or None,
-                          max_body_bytes=args.max_body_bytes)
+    # checked before the model loads; without --max-len, a row is at most 1024 tokens
+    body_cap = default_max_body_bytes(args.max_len or 1024) if args.max_body_bytes is None else args.max_body_bytes
+    server_config = ServerConfig(bind_host=args.host, allowed_origins=set(args.allowed_origins.split(",")),
+                                 api_key=args.api_key or None, max_body_bytes=body_cap)
     session = open_session(args)
     model = session.generator.model
     config = EngineConfig(max_batch=args.max_batch, max_len=args.max_len or min(1024, model.config.max_position),
@@ -70,7 +72,7 @@ def run(args) -> int:
           f"KV cache ({engine.cache_bytes / 2**20:.0f} MiB); http://{args.host}:{args.port}/", file=sys.stderr)
     engine.start()
     try:
-        uvicorn.run(create_app(engine, served, policy), host=args.host, port=args.port, log_level=args.log_level)
+        uvicorn.run(create_app(engine, served, server_config), host=args.host, port=args.port, log_level=args.log_level)
     finally:
         engine.stop()
     return 0

@@ -4,13 +4,24 @@ stream chunks the way the official clients parse them."""
 
 from __future__ import annotations
 
+import math
+import reprlib
 import time
 import uuid
 from dataclasses import dataclass
 
+import jinja2
+
 from ..sampling import SamplingParams
 
 MAX_STOP = 4  # as OpenAI's API
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 80  # an error quotes what it got, not a megabyte of it
+
+
+def _shown(value) -> str:
+    return _REPR.repr(value)
 
 
 class APIError(Exception):
@@ -40,7 +51,10 @@ def _number(body: dict, name: str, default, low=None, high=None, integer=False, 
         return default
     kinds = (int,) if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds):
-        raise APIError(400, f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}", name)
+        raise APIError(400, f"{name} must be {'an integer' if integer else 'a number'}, got {_shown(value)}", name)
+    # Python's JSON reads NaN (which every bound lets through) and Infinity (which a missing one does)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise APIError(400, f"{name} must be a finite number, got {value}", name)
     if low is not None and (value <= low if low_open else value < low):
         raise APIError(400, f"{name} must be {'>' if low_open else '>='} {low}, got {value}", name)
     if high is not None and value > high:
@@ -51,7 +65,7 @@ def _number(body: dict, name: str, default, low=None, high=None, integer=False, 
 def _flag(body: dict, name: str) -> bool:
     value = body.get(name, False)
     if not isinstance(value, bool):
-        raise APIError(400, f"{name} must be true or false, got {value!r}", name)
+        raise APIError(400, f"{name} must be true or false, got {_shown(value)}", name)
     return value
 
 
@@ -75,7 +89,7 @@ def check_model(body: dict, served_id: str, names: set[str]) -> None:
     if not isinstance(model, str):
         raise APIError(400, f"model must be a string, got {type(model).__name__}", "model")
     if model not in names:
-        raise APIError(404, f"The model {model[:100]!r} does not exist; this server serves {served_id!r}", "model",
+        raise APIError(404, f"The model {_shown(model)} does not exist; this server serves {served_id!r}", "model",
                        "model_not_found")
 
 
@@ -93,7 +107,7 @@ def _message_text(i: int, message) -> dict:
         raise APIError(400, f"messages[{i}] must be an object with role and content", f"messages[{i}]")
     role = message.get("role")
     if role not in ("system", "developer", "user", "assistant"):
-        raise APIError(400, f"messages[{i}].role must be system, developer, user or assistant, got {role!r}",
+        raise APIError(400, f"messages[{i}].role must be system, developer, user or assistant, got {_shown(role)}",
                        f"messages[{i}].role")
     content = message.get("content")
     if isinstance(content, list):  # content parts: only text ones
@@ -116,7 +130,11 @@ def parse(body, kind: str, tokenizer, max_len: int) -> ParsedRequest:
         if not tokenizer.has_chat_template:
             raise APIError(400, "this model has no chat template; use /v1/completions", "messages")
         turns = [_message_text(i, m) for i, m in enumerate(messages)]
-        prompt = tokenizer.encode(tokenizer.apply_chat_template(turns, add_generation_prompt=True))
+        try:
+            text = tokenizer.apply_chat_template(turns, add_generation_prompt=True)
+        except jinja2.TemplateError as e:  # e.g. a template that wants user and assistant to alternate
+            raise APIError(400, f"the model's chat template refused these messages: {e}", "messages") from None
+        prompt = tokenizer.encode(text)
     else:
         raw = body.get("prompt")
         if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], (str, list)):

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 
-from .access import AccessPolicy, Guard
+from .access import Guard, ServerConfig
 from .engine import Engine, EngineBusy, Event, RequestTooLong
 from .openai_api import APIError, Shaper, check_model, parse
 
@@ -54,19 +54,22 @@ async def _body(request: Request, limit: int) -> bytes:
     """The request body, read as it arrives and refused (413) as soon as it passes ``limit``
     bytes, so that a huge body costs neither the memory nor the time to receive it whole."""
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise APIError(413, f"the request body is larger than this server takes ({limit} bytes, --max-body-bytes)",
-                           code="request_too_large")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise APIError(413, f"the request body is larger than this server takes ({limit} bytes, "
+                                    "--max-body-bytes)", code="request_too_large")
+            chunks.append(chunk)
+    except ClientDisconnect:  # nobody will read the answer; this keeps it out of the error log
+        raise APIError(400, "the client went away before sending the whole body") from None
     return b"".join(chunks)
 
 
-def create_app(engine: Engine, served: ServedModel, policy: AccessPolicy | None = None):
-    """The server's ASGI app: the routes behind ``policy``'s checks (default: loopback only,
+def create_app(engine: Engine, served: ServedModel, config: ServerConfig | None = None):
+    """The server's ASGI app: the routes behind ``config``'s checks (default: loopback only,
     no API key)."""
-    policy = policy or AccessPolicy()
+    config = config or ServerConfig()
     rejected: dict[int, int] = {}
     names = {served.id} | served.aliases
 
@@ -76,10 +79,10 @@ def create_app(engine: Engine, served: ServedModel, policy: AccessPolicy | None 
 
     async def completions(request: Request, kind: str):
         try:
-            raw = await _body(request, policy.max_body_bytes)
+            raw = await _body(request, config.max_body_bytes)
             try:
                 body = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            except ValueError as e:  # bad JSON, bad UTF-8, or an integer of more digits than Python reads
                 raise APIError(400, f"the request body is not valid JSON: {e}") from None
             except RecursionError:
                 raise APIError(400, "the request body is nested too deeply to be a request") from None
@@ -145,6 +148,11 @@ def create_app(engine: Engine, served: ServedModel, policy: AccessPolicy | None 
     async def not_allowed(request: Request, _exc):
         return _error(APIError(405, f"{request.method} is not allowed on {request.url.path}", code="method_not_allowed"))
 
+    async def failed(_request: Request, exc: Exception):  # a bug, not the client's fault: still JSON
+        said = str(exc).encode("utf-8", "backslashreplace").decode()  # JSON must encode it
+        return _error(APIError(500, f"the server failed on this request: {type(exc).__name__}: {said}",
+                               code="internal_error", kind="server_error"))
+
     return Guard(Starlette(routes=[
         Route("/", page),
         Route("/health", health),
@@ -152,12 +160,13 @@ def create_app(engine: Engine, served: ServedModel, policy: AccessPolicy | None 
         Route("/v1/models", models),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", text_completions, methods=["POST"]),
-    ], exception_handlers={404: not_found, 405: not_allowed}), policy)
+    ], exception_handlers={404: not_found, 405: not_allowed, Exception: failed}), config, refuse)
 
 
 async def _disconnected(request: Request) -> None:
     """Returns when the client hangs up: after the body, the next ASGI message is the disconnect.
-    (Polling ``request.is_disconnected()`` missed it: uvicorn delivers it only to a waiting receive.)"""
+    (Waiting on it, not polling between events: tokens arrive faster than any poll interval, so a
+    poll that waited for a quiet moment never came while the request generated.)"""
     while (await request.receive())["type"] != "http.disconnect":
         pass
 
