@@ -59,11 +59,12 @@ def describe_all() -> list[DeviceInfo]:
     reg = registry()
     infos = [describe(name) for name in sorted(reg.devices, key=lambda n: (n != "cpu", n))]
     with_devices = set(reg.device_plugin.values())
+    reasons: dict[str, list[str]] = {}  # one row per broken plugin, however many of its hooks failed
     for problem in reg.problems:
-        if problem.plugin in with_devices:
-            continue  # reported on its devices' rows
-        infos.append(DeviceInfo(name=problem.plugin, status="unavailable",
-                                reason=f"plugin failed: {problem.reason}", description="(plugin)",
-                                model="", count=0, memory_bytes=0, dtypes=(), kernels=0,
-                                plugin=problem.plugin))
+        if problem.plugin not in with_devices:  # else reported on its devices' rows
+            reasons.setdefault(problem.plugin, []).append(problem.reason)
+    for plugin, why in reasons.items():
+        infos.append(DeviceInfo(name=plugin, status="unavailable", reason=f"plugin failed: {'; '.join(why)}",
+                                description="(plugin)", model="", count=0, memory_bytes=0, dtypes=(),
+                                kernels=0, plugin=plugin))
     return infos

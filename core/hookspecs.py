@@ -22,7 +22,10 @@ registered exactly this way, so ``plugins/npu/__init__.py`` is a complete worked
         )]
 
 A plugin may implement any subset of the hooks. An exception raised by a hook, or by importing
-the plugin, disables only that plugin: ``anychip devices`` lists it as unavailable with the error.
+the plugin (``sys.exit()`` included), disables only that plugin: ``anychip devices`` lists it as
+unavailable with the error. The built-in devices (cpu, gpu, xpu, npu, gcu, dcu) belong to the
+plugins shipped with anychip: a plugin that registers a device of such a name, or kernels for one,
+is disabled with that reason.
 """
 
 from __future__ import annotations
@@ -38,13 +41,15 @@ def anychip_register_devices():
     """Declare the devices this plugin provides.
 
     Returns:
-        A list of :class:`anychip.DeviceSpec`. Each names the device as users type it
+        A list (or any other iterable, such as a generator) of :class:`anychip.DeviceSpec`; any
+        other value disables the plugin with the reason. Each names the device as users type it
         (``--device mychip``), the shared library implementing ``anychip/device.h`` and its
         entry symbol, the options passed to that entry, and the device type under which the
         Paddle bridge registers it (``None`` for a device that is Paddle's own CPU).
 
     Names must be unique across all installed plugins; a second plugin claiming a name is
-    reported as a conflict and ignored.
+    reported as a conflict and ignored. A built-in device's name is refused outright: the plugin
+    claiming it is disabled.
 
     Example (a chip that runs on anychip's simulator until its vendor runtime is bound)::
 
@@ -79,7 +84,9 @@ def anychip_register_kernels(registry):
 
     Returns:
         Nothing. Registering an op twice for one device and dtype raises ``ValueError``; an
-        exception disables this plugin's kernels and is listed by ``anychip devices``.
+        exception disables this plugin's kernels and is listed by ``anychip devices``. Kernels
+        for a built-in device (from a plugin not shipped with anychip) are refused, and the
+        plugin is disabled, its devices and kernels included.
 
     Example::
 
@@ -99,7 +106,7 @@ def anychip_register_codegen_backends():
     """Declare code-generation targets this plugin adds.
 
     Returns:
-        A list of backend objects, each with a unique ``name`` (e.g. ``"mychip-c"``),
+        A list (or any other iterable) of backend objects, each with a unique ``name`` (e.g. ``"mychip-c"``),
         ``source_suffix`` (".cc", ".cu") and the methods anychip_codegen calls:
         ``render(kernel) -> str`` (one source per kernel, all its dtypes),
         ``compile_command(source_path, output_path) -> list[str]`` (source -> object),

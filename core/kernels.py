@@ -109,6 +109,12 @@ class KernelRegistry:
                 raise ValueError(f"kernel {op!r} for {device}/{dtype} is registered twice")
             self._kernels[key] = kernel
 
+    def unregister(self, keys) -> None:
+        """Removes the kernels at ``keys``, (op, device, dtype) triples: what a plugin added
+        before it was disabled."""
+        for key in keys:
+            self._kernels.pop(key, None)
+
     def find(self, op: str, device: str, dtype: str) -> Kernel | None:
         return self._kernels.get((op, device, dtype))
 

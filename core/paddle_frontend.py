@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import re
 import shutil
 import sys
 import warnings
@@ -23,6 +24,7 @@ from .host_memory import keep_freed_host_memory
 from .host_threads import num_threads
 from .native import library_path
 from .plugins import registry
+from .runtime.errors import AnychipError, DeviceOutOfMemoryError
 
 _paddle = None
 _root: Path | None = None  # the $CUSTOM_DEVICE_ROOT this process's Paddle loaded
@@ -142,6 +144,26 @@ def bridge_library(name: str) -> Path:
     if not lib.exists():
         raise FileNotFoundError(f"device {name!r} has no Paddle bridge in {_root}")
     return lib
+
+
+# How Paddle reports a failed CustomDevice call: the C_Status alone, without the plugin's reason.
+_CUSTOM_DEVICE_STATUS = re.compile(r"CustomDevice error, the error code is : (\d+)")
+_C_FAILED = 2  # device_ext.h's "resource exhausted": the bridge returns it for out of memory
+
+
+def device_error(exc: BaseException) -> AnychipError | None:
+    """The anychip error behind ``exc`` when it is Paddle's report of a failed call into the
+    current device (e.g. an allocation past its memory), else None. The reason is the runtime's
+    last error: kept per thread, and the failed call ran on this one."""
+    found = _CUSTOM_DEVICE_STATUS.search(str(exc)) if isinstance(exc, OSError) else None
+    if found is None:
+        return None
+    from .runtime.open import open_runtime
+    from .selection import get_device
+
+    name = get_device().partition(":")[0]
+    reason = open_runtime(name).last_error() or f"{name}: a device call failed ({found[0]})"
+    return (DeviceOutOfMemoryError if int(found[1]) == _C_FAILED else AnychipError)(reason)
 
 
 def device_of_place(place) -> tuple[str, int]:

@@ -10,6 +10,7 @@ and the named pre-tokenizer), with the checkpoint's chat template rendered as tr
 from __future__ import annotations
 
 import json
+import traceback
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
@@ -68,11 +69,12 @@ class Tokenizer:
 
     def __init__(self, backend: tokenizers.Tokenizer, *, bos_id: int | None, eos_id: int | None,
                  extra_eos_ids=(), pad_id: int | None = None, chat_template: str | None = None,
-                 add_bos: bool = False):
+                 add_bos: bool = False, chat_template_source: str = "the model's chat template"):
         self._backend = backend
         self.bos_id = bos_id
         self.pad_id = pad_id
         self.chat_template = chat_template
+        self.chat_template_source = chat_template_source  # where it was read, for its errors
         self.add_bos = add_bos  # whether the checkpoint's own tokenizer puts bos before plain text
         self.bos_token = "" if bos_id is None else backend.id_to_token(bos_id)  # the template's bos_token
         self.eos_token = "" if eos_id is None else backend.id_to_token(eos_id)
@@ -120,7 +122,8 @@ class Tokenizer:
                    extra_eos_ids=(meta.get("tokenizer.ggml.eot_token_id"), meta.get("tokenizer.ggml.eom_token_id")),
                    pad_id=meta.get("tokenizer.ggml.padding_token_id"),
                    chat_template=meta.get("tokenizer.chat_template"),
-                   add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)))
+                   add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+                   chat_template_source=f"the chat template in {source} (tokenizer.chat_template)")
 
     @classmethod
     def from_hf_folder(cls, folder: Path) -> Tokenizer:
@@ -139,9 +142,11 @@ class Tokenizer:
         template = config.get("chat_template")
         if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
             template = {t.get("name"): t.get("template") for t in template}.get("default")
+        template_source = f"the chat template in {folder / 'tokenizer_config.json'} (chat_template)"
         template_file = folder / "chat_template.jinja"
         if template_file.is_file():
             template = template_file.read_text(encoding="utf-8")
+            template_source = f"the chat template {template_file}"
 
         def token_id(key: str) -> int | None:
             token = config.get(key)
@@ -158,7 +163,8 @@ class Tokenizer:
             [bos_id, *backend.encode("a", add_special_tokens=False).ids[:1]]
         return cls(backend, bos_id=bos_id, eos_id=token_id("eos_token"),
                    extra_eos_ids=generation_eos if isinstance(generation_eos, list) else [generation_eos],
-                   pad_id=token_id("pad_token"), chat_template=template, add_bos=add_bos)
+                   pad_id=token_id("pad_token"), chat_template=template, add_bos=add_bos,
+                   chat_template_source=template_source)
 
     def to_files(self) -> dict[str, bytes]:
         """tokenizer.json, tokenizer_config.json and generation_config.json: the tokenizer files of a
@@ -239,8 +245,11 @@ class Tokenizer:
         transformers renders chat templates; ``variables`` are extra template variables."""
         if not self.chat_template:
             raise ValueError("this checkpoint has no chat template; encode the prompt text directly")
-        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                     bos_token=self.bos_token, eos_token=self.eos_token, **variables)
+        try:
+            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                         bos_token=self.bos_token, eos_token=self.eos_token, **variables)
+        except Exception as exc:  # noqa: BLE001 - a template fails any way: syntax, raise_exception, bad operands
+            raise ChatTemplateError(f"{self.chat_template_source}: {template_failure(exc)}") from exc
 
     @cached_property
     def _template(self) -> jinja2.Template:
@@ -263,6 +272,25 @@ class Tokenizer:
         specials = {t.content: i for i, t in self._backend.get_added_tokens_decoder().items() if t.special}
         matches = [content for content in specials if content and after.startswith(content)]
         return specials[max(matches, key=len)] if matches else None
+
+
+class ChatTemplateError(ValueError, jinja2.TemplateError):
+    """A chat template that does not compile, or that fails while rendering (its own
+    raise_exception included): the message names the template's source, the line and Jinja's
+    message. A jinja2.TemplateError too, for callers that catch Jinja's own errors."""
+
+
+def template_failure(exc: Exception) -> str:
+    """``exc``, raised compiling or rendering a Jinja template, as "line N: message"."""
+    if isinstance(exc, jinja2.TemplateSyntaxError):
+        line, message = exc.lineno, f"syntax error: {exc.message}"
+    else:
+        # Jinja rewrites tracebacks so that a template's frames carry its own line numbers.
+        lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if f.filename == "<template>"]
+        line = lines[-1] if lines else None
+        # raise_exception's message is the template's own; any other error is named by its type
+        message = str(exc) if type(exc) is jinja2.TemplateError else f"{type(exc).__name__}: {exc}"
+    return f"line {line}: {message}" if line else message
 
 
 class StreamDecoder:

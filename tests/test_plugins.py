@@ -95,7 +95,7 @@ def test_broken_plugins_are_listed_with_reasons_and_others_work(plugin_path):
     assert devices["badlib"]["status"] == "unavailable"
     assert "cannot load" in devices["badlib"]["reason"] and "libcorrupt.so" in devices["badlib"]["reason"]
     assert "RuntimeError: firmware query failed" in devices["hookraise"]["reason"]
-    assert "already provided by plugin 'npu'" in devices["thief"]["reason"]
+    assert "plugin 'thief' registers device 'npu', which belongs to the built-in npu plugin" in devices["thief"]["reason"]
     # a plugin whose device works but whose kernels fail: one row, usable, with the reason
     assert devices["halfok"]["status"] == "simulated" and devices["halfok"]["kernels"] == 0
     assert "plugin partly failed (anychip_register_kernels: OSError: libhalfok_kernels.so" in devices["halfok"]["reason"]
@@ -109,7 +109,7 @@ def test_a_plugin_that_exits_or_claims_cpu_is_listed_and_harms_nothing(plugin_pa
     assert devices["exiting"]["status"] == "unavailable"
     assert "import failed: SystemExit: no licence server" in devices["exiting"]["reason"]
     assert devices["cpu"]["status"] == "hardware" and devices["cpu"]["description"] != "not the cpu"
-    assert "device name 'cpu' is already provided by plugin 'cpu'" in devices["aaa"]["reason"]
+    assert "plugin 'aaa' registers device 'cpu', which belongs to the built-in cpu plugin" in devices["aaa"]["reason"]
     assert devices["gen"]["status"] == "simulated"
 
 

@@ -76,6 +76,16 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError, FileNotFoundError) as exc:
         print(f"anychip {args.command}: error: {exc}", file=sys.stderr)
         code = 1
+    except OSError as exc:
+        from ..paddle_frontend import device_error
+
+        # Paddle's own error for a failed device call carries no reason: say the device's instead
+        # (out of memory: the device, the bytes requested, free and capacity).
+        error = device_error(exc)
+        if error is None:
+            raise
+        print(f"anychip {args.command}: error: {error}", file=sys.stderr)
+        code = 1
     if args.report_fallbacks:
         from ..fallback import fallback_report
 

@@ -122,9 +122,10 @@ class Buffer:
         ptr = C.c_void_p()
         device.call("device_allocate", C.byref(ptr), C.c_size_t(self.nbytes))
         self.ptr = ptr.value
+        self.address = self.ptr  # kept after a free (ptr becomes None), to name the buffer in errors
 
     def __repr__(self) -> str:
-        return f"Buffer({self.device}, {self.nbytes} bytes at {self.ptr:#x})"
+        return f"Buffer({self.device}, {self.nbytes} bytes at {self.address:#x})"
 
     def _range(self, offset: int, nbytes: int, what: str) -> int:
         if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:
@@ -179,6 +180,9 @@ class Buffer:
 
     def free(self) -> None:
         """Returns the memory to the device. Freeing twice raises InvalidArgumentError."""
+        if self.ptr is None:  # the device would only see a NULL pointer
+            raise InvalidArgumentError(f"{self.device}: free of {self.address:#x} ({self.nbytes} bytes): "
+                                       "this buffer was already freed", "INVALID_ARGUMENT")
         ptr = self.ptr
         self.ptr = None
         self.device.call("device_free", C.c_void_p(ptr))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 from .session import DEFAULT_MODEL
 
@@ -29,6 +31,9 @@ def add_parser(sub, common):
     p.add_argument("--on-bad-record", choices=("skip", "fail"), default="skip",
                    help="a malformed record is reported with its line number and skipped (default), or stops the run")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --output")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start afresh in an --output that holds files: an earlier run's checkpoints and "
+                        "metrics.jsonl are deleted, the model files replaced")
 
     g = p.add_argument_group("LoRA")
     g.add_argument("--lora", action="store_true", help="train LoRA adapters on a frozen base instead of every weight")
@@ -68,7 +73,34 @@ def add_parser(sub, common):
     g.add_argument("--seed", type=int, default=42, help="seed for the data order, adapter init and dropout")
 
 
+def _check_output(path: Path, resume: bool, overwrite: bool) -> None:
+    """Refuses, before any work, an --output the run cannot use the way it was asked to."""
+    from ..training.checkpoints import latest_checkpoint
+
+    if resume and overwrite:
+        raise ValueError("--resume continues the run in --output, --overwrite starts afresh over it: pass one")
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--output {path} is a file, not a folder: choose another path")
+    existing = next(p for p in (path, *path.parents) if p.exists())  # what the run's mkdir starts from
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        why = "is a file" if not existing.is_dir() else "is not writable"
+        raise ValueError(f"--output {path} cannot be created: {existing} {why}; choose another place")
+    earlier = latest_checkpoint(path) is not None
+    holds_files = path.is_dir() and any(path.iterdir())
+    if resume and not earlier:
+        raise ValueError(f"--resume: {path} holds no complete checkpoint-<step> folder to resume from; "
+                         + ("pass --overwrite instead to start afresh over its files" if holds_files
+                            else "run without --resume to start afresh"))
+    if holds_files and not (resume or overwrite):
+        if earlier:
+            raise ValueError(f"--output {path} holds checkpoints of an earlier run: pass --resume to continue "
+                             "it, or --overwrite to start afresh (its checkpoints are deleted)")
+        raise ValueError(f"--output {path} already holds files: pass --overwrite to train into it anyway "
+                         "(files of the same names are replaced), or choose another folder")
+
+
 def run(args) -> int:
+    _check_output(Path(args.output), args.resume, args.overwrite)  # before the imports: Paddle's take seconds
     import anychip
     from anychip.devices import describe
 
@@ -112,7 +144,7 @@ def run(args) -> int:
           f"evaluation; {'LoRA' if lora else 'full'} training of {trained:,} parameters for {trainer.total_steps} "
           f"steps", file=sys.stderr)
     print(_padding_report(train, args), file=sys.stderr)
-    last = trainer.train(resume=args.resume)
+    last = trainer.train(resume=args.resume, overwrite=args.overwrite)
     summary = f"done: step {last.get('step', trainer.step)}, loss {last.get('loss', float('nan')):.4f}"
     if "eval_loss" in last:
         summary += f", eval loss {last['eval_loss']:.4f} (perplexity {last['eval_ppl']:.2f})"
@@ -141,8 +173,6 @@ def _known_models():
 
 
 def _eval_examples(args, fmt):
-    from pathlib import Path
-
     from ..training.data import load_sft_data
 
     source = args.eval_data

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from .session import add_model_flags, add_sampling_flags, open_session, prompt_ids, sampling_params
+from .session import add_model_flags, add_sampling_flags, open_session, prompt_ids, sampling_params, utf8_text
 
 
 def add_parser(sub, common):
@@ -25,6 +25,10 @@ def add_parser(sub, common):
 
 def run(args) -> int:
     params = sampling_params(args)
+    for i, text in enumerate(args.prompts):  # before the model loads: a bad prompt fails at once
+        utf8_text("PROMPT" if len(args.prompts) == 1 else f"PROMPT {i + 1}", text)
+    if args.system is not None:
+        utf8_text("--system", args.system)
     session = open_session(args)
     tok = session.tokenizer
     prompts = [prompt_ids(tok, text, args.raw, args.system) for text in args.prompts]

@@ -51,10 +51,24 @@ def add_sampling_flags(p, max_new_tokens: int = 128) -> None:
     g.add_argument("--seed", type=int, default=None, help="random seed, for reproducible sampling")
 
 
+def utf8_text(what: str, text: str) -> str:
+    """``text``, refused unless it is valid Unicode. Bytes that are not UTF-8 (in argv, or on a
+    stdin read with surrogateescape) reach Python as lone surrogates ("\\udcff" for the byte
+    0xff), which the tokenizer cannot encode; ``what`` names the argument in the error."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        bad = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"lone surrogate U+{code:04X}"
+        raise ValueError(f"{what} is not valid UTF-8 text ({bad} at character {exc.start}); "
+                         "pass UTF-8 encoded text") from None
+    return text
+
+
 def sampling_params(args) -> SamplingParams:
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                            top_p=args.top_p, repetition_penalty=args.repetition_penalty, stop=list(args.stop),
-                            seed=args.seed)
+                            top_p=args.top_p, repetition_penalty=args.repetition_penalty,
+                            stop=[utf8_text("--stop", s) for s in args.stop], seed=args.seed)
     params.validate()
     return params
 

@@ -199,6 +199,16 @@ def publish(tmp: Path, final: Path) -> Path | None:
     return aside
 
 
+def remove_checkpoints(output_dir) -> None:
+    """Deletes every checkpoint folder of OUTPUT, complete or not, and what killed saves left:
+    a fresh run over an earlier run's output must neither resume from them nor keep them beside
+    its own."""
+    for entry in Path(output_dir).iterdir():
+        if entry.is_dir() and (_CHECKPOINT.fullmatch(entry.name) or _REPLACED.fullmatch(entry.name)
+                               or entry.name.startswith(".tmp-")):
+            shutil.rmtree(entry)
+
+
 def remove_tree(path: Path) -> None:
     """Deletes a folder: first renamed to a ``.tmp-`` name (one atomic step, so a half-deleted
     folder is never read), then removed; a leftover is cleaned by the next save."""

@@ -25,6 +25,8 @@ import jinja2
 import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from ..tokenizer import ChatTemplateError, template_failure
+
 # A file with more lines than this shows a progress bar while it is tokenized.
 PROGRESS_LINES = 5000
 # How many bad records the error of on_bad="fail" lists.
@@ -143,7 +145,7 @@ class _JsonChatFormat(ChatFormat):
                 variables = jinja2.meta.find_undeclared_variables(env.parse(text))
                 template = env.from_string(text)
             except jinja2.TemplateSyntaxError as exc:
-                raise DataError(f"{source}: '{key}' is not a valid jinja2 template ({exc})") from exc
+                raise DataError(f"{source}: '{key}' is not a valid jinja2 template ({template_failure(exc)})") from exc
             if needs and needs not in variables:
                 raise DataError(f"{source}: '{key}' must contain {{{{{needs}}}}}")
             for special in _SPECIAL.findall(text):
@@ -169,8 +171,8 @@ class _JsonChatFormat(ChatFormat):
     def _render(self, template, **variables) -> str:
         try:
             return template.render(**variables)
-        except jinja2.TemplateError as exc:
-            raise DataError(f"{self.source}: rendering failed ({exc})") from exc
+        except Exception as exc:  # noqa: BLE001 - a template fails any way: undefined names, bad operands
+            raise DataError(f"{self.source}: rendering failed ({template_failure(exc)})") from exc
 
     def _system_text(self) -> str:
         return "" if self._system is None else self._render(self._system)
@@ -194,8 +196,8 @@ class _TemplateChatFormat(ChatFormat):
     def _render(self, messages: list[dict], generation_prompt: bool) -> str:
         try:
             return self.tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt)
-        except Exception as exc:  # noqa: BLE001 - templates raise what they like (raise_exception, jinja errors)
-            raise DataError(f"{self.source}: rendering a conversation failed ({type(exc).__name__}: {exc})") from exc
+        except ChatTemplateError as exc:  # names the template's source and line already
+            raise DataError(str(exc)) from exc
 
     def _after(self, longer: str, shorter: str) -> str:
         if not longer.startswith(shorter):

@@ -113,10 +113,14 @@ class Trainer:
 
     # ---- the loop ----------------------------------------------------------------------------
 
-    def train(self, resume: bool = False) -> dict:
+    def train(self, resume: bool = False, overwrite: bool = False) -> dict:
         """Runs to ``total_steps``; with ``resume``, continues from the latest checkpoint in the
-        output folder. Returns the last metrics record."""
+        output folder; with ``overwrite``, starts afresh over an earlier run's output (its
+        checkpoints and metrics log are deleted). Returns the last metrics record."""
         self.output.mkdir(parents=True, exist_ok=True)
+        if overwrite:
+            checkpoints.remove_checkpoints(self.output)
+            (self.output / METRICS_FILE).unlink(missing_ok=True)  # else the new run's log appends to it
         if resume:
             self._resume()
         elif checkpoints.latest_checkpoint(self.output) is not None:
@@ -209,8 +213,9 @@ class Trainer:
 
     def _resume(self) -> None:
         latest = checkpoints.latest_checkpoint(self.output)
-        if latest is None:
-            return
+        if latest is None:  # starting afresh instead would silently redo (or lose) a run
+            raise checkpoints.CheckpointStateError(
+                f"{self.output}: no complete checkpoint-<step> folder to resume from")
         tensors, optimizer, state = checkpoints.load_checkpoint_state(latest)
         if state.get("rng", {}).get("seed") != self.args.seed or state.get("total_steps") != self.total_steps:
             raise ValueError(f"{latest} was saved with seed {state.get('rng', {}).get('seed')} and "
