@@ -25,99 +25,15 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from .kernels import NativeKernel
+from .paddle_kernel_table import PHI_DTYPES, CPP_TYPES, PADDLE_KERNELS
 
 _HERE = Path(__file__).resolve().parent
 _SOURCES = _HERE / "src" / "paddle_kernels"
 _INCLUDE = _HERE / "include"
 
-# C++ type of each anychip dtype in a PD_REGISTER_PLUGIN_KERNEL dtype list.
-CPP_TYPES = {
-    "float32": "float", "float16": "phi::dtype::float16", "bfloat16": "phi::dtype::bfloat16",
-    "float64": "double", "int8": "int8_t", "uint8": "uint8_t", "int16": "int16_t",
-    "int32": "int32_t", "int64": "int64_t", "bool": "bool",
-}
-_PHI_DTYPES = {
-    "float32": "FLOAT32", "float16": "FLOAT16", "bfloat16": "BFLOAT16", "float64": "FLOAT64",
-    "int8": "INT8", "uint8": "UINT8", "int16": "INT16", "int32": "INT32", "int64": "INT64", "bool": "BOOL",
-}
-
-_BOOL_OUTPUT = "kernel->OutputAt(0).SetDataType(phi::DataType::BOOL);"
-_ANY_OUTPUT = "kernel->OutputAt(0).SetDataType(phi::DataType::UNDEFINED);"
-
-
-@dataclass(frozen=True)
-class PaddleKernel:
-    """Paddle kernel ``name`` served by wrapper ``wrapper`` (in wrappers.h) from base ops
-    ``base_ops``: registered for the dtypes every one of them has on the device."""
-
-    name: str
-    wrapper: str
-    base_ops: tuple[str, ...]
-    body: str = ""  # the PD_REGISTER_PLUGIN_KERNEL body (e.g. the output dtype of a comparison)
-    fixed: tuple[tuple[str, str], ...] = ()  # (base op, dtype) also needed, whatever the served dtype
-
-
-def _kernels() -> tuple[PaddleKernel, ...]:
-    binary = [("add", "Add"), ("subtract", "Subtract"), ("multiply", "Multiply"), ("divide", "Divide"),
-              ("maximum", "Maximum"), ("minimum", "Minimum"), ("elementwise_pow", "ElementwisePow")]
-    compare = [("equal", "Equal"), ("not_equal", "NotEqual"), ("less_than", "LessThan"),
-               ("less_equal", "LessEqual"), ("greater_than", "GreaterThan"), ("greater_equal", "GreaterEqual")]
-    unary = [("exp", "Exp"), ("log", "Log"), ("sqrt", "Sqrt"), ("rsqrt", "Rsqrt"), ("silu", "Silu"),
-             ("sigmoid", "Sigmoid"), ("tanh", "Tanh"), ("abs", "Abs")]
-    table = [PaddleKernel(op, f"{cls}Kernel", (op,)) for op, cls in binary + unary]
-    table += [PaddleKernel(op, f"{cls}Kernel", (op,), _BOOL_OUTPUT) for op, cls in compare]
-    table += [
-        PaddleKernel("scale", "ScaleKernel", ("scale",)),
-        PaddleKernel("pow", "PowKernel", ("pow",)),
-        PaddleKernel("cast", "CastKernel", ("cast",), _ANY_OUTPUT),
-        PaddleKernel("where", "WhereKernel", ("where",)),
-        PaddleKernel("full", "FullKernel", ("fill",)),
-        # x only gives the shape: Paddle must not copy it to the device first
-        PaddleKernel("full_like", "FullLikeKernel", ("fill",), "kernel->InputAt(0).SetBackend(phi::Backend::ALL_BACKEND);"),
-        PaddleKernel("sum", "SumKernel", ("sum",), _ANY_OUTPUT),
-        PaddleKernel("mean", "MeanKernel", ("mean",)),
-        PaddleKernel("max", "MaxKernel", ("max",)),
-        PaddleKernel("softmax", "SoftmaxKernel", ("softmax",)),
-        PaddleKernel("softmax_grad", "SoftmaxGradKernel", ("softmax_grad",)),
-        PaddleKernel("matmul", "MatmulKernel", ("matmul",)),
-        PaddleKernel("matmul_grad", "MatmulGradKernel", ("matmul_grad",)),
-        PaddleKernel("add_grad", "AddGradKernel", ("sum", "copy")),
-        PaddleKernel("subtract_grad", "SubtractGradKernel", ("sum", "copy", "scale")),
-        PaddleKernel("multiply_grad", "MultiplyGradKernel", ("multiply", "sum", "copy")),
-        PaddleKernel("divide_grad", "DivideGradKernel", ("divide", "multiply", "scale", "sum", "copy")),
-        PaddleKernel("div_scale", "DivScaleKernel", ("fill", "divide")),
-        PaddleKernel("sum_grad", "SumGradKernel", ("copy",)),
-        PaddleKernel("split", "SplitKernel", ("copy",)),
-        PaddleKernel("split_with_num", "SplitWithNumKernel", ("copy",)),
-        PaddleKernel("concat", "ConcatKernel", ("copy",)),
-        PaddleKernel("concat_grad", "ConcatGradKernel", ("copy",)),
-        PaddleKernel("expand", "ExpandKernel", ("copy",)),
-        PaddleKernel("transpose", "TransposeKernel", ("copy",)),
-        PaddleKernel("transpose_grad", "TransposeGradKernel", ("copy",)),
-        PaddleKernel("slice", "SliceKernel", ("copy",)),
-        PaddleKernel("unsqueeze", "UnsqueezeKernel", ("copy",)),
-        PaddleKernel("set_value_with_tensor", "SetTensorValueKernel", ("copy",)),
-        PaddleKernel("gather", "GatherKernel", ("index_select",)),
-        PaddleKernel("gather_grad", "GatherGradKernel", ("embedding_grad",)),
-        PaddleKernel("index_select", "IndexSelectKernel", ("index_select",)),
-        PaddleKernel("index_select_grad", "IndexSelectGradKernel", ("embedding_grad",)),
-        PaddleKernel("embedding", "EmbeddingKernel", ("embedding",)),
-        PaddleKernel("embedding_grad", "EmbeddingGradKernel", ("embedding_grad",)),
-        # offsets in int64, then a lookup of x's elements
-        PaddleKernel("take_along_axis", "TakeAlongAxisKernel", ("embedding",),
-                     fixed=tuple((op, "int64") for op in ("fill", "arange", "multiply", "add"))),
-        PaddleKernel("cross_entropy_with_softmax", "CrossEntropyWithSoftmaxKernel", ("cross_entropy_with_softmax",)),
-        PaddleKernel("cross_entropy_with_softmax_grad", "CrossEntropyWithSoftmaxGradKernel",
-                     ("cross_entropy_with_softmax_grad",)),
-    ]
-    return tuple(table)
-
-
-PADDLE_KERNELS = _kernels()
 
 # device name -> why its Paddle kernels are missing (for `anychip devices` and the tests)
 problems: dict[str, str] = {}
@@ -163,7 +79,7 @@ def generate(device: str, paddle_type: str, used, served) -> str:
         "const KernelEntry kKernels[] = {",
     ]
     for (op, dtype), k in sorted(used.items()):
-        lines.append(f"    {{{_c_string(op)}, phi::DataType::{_PHI_DTYPES[dtype]}, {_c_string(k.library)}, "
+        lines.append(f"    {{{_c_string(op)}, phi::DataType::{PHI_DTYPES[dtype]}, {_c_string(k.library)}, "
                      f"{_c_string(k.symbol)}, {'true' if k.host_code else 'false'}}},")
     lines += ["};", f"const size_t kNumKernels = {len(used)};", "}  // namespace anychip_pk", ""]
     for name, dtypes in served.items():
