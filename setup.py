@@ -6,6 +6,7 @@ the Paddle bridge compiles against the headers of the Paddle that is installed.
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ ROOT = Path(__file__).resolve().parent
 LIBRARIES = [
     ("anychip._lib.libanychip_sim", "ANYCHIP_CORE_LIB_DIR"),
     ("anychip._lib.libanychip_paddle_bridge", "ANYCHIP_CORE_LIB_DIR"),
+    ("anychip._lib.libanychip_paddle_kernels", "ANYCHIP_CORE_LIB_DIR"),
     ("anychip._launcher", "ANYCHIP_LAUNCHER_DIR"),
     ("anychip_plugins.cpu.libanychip_cpu_kernels", "ANYCHIP_CPU_PLUGIN_DIR"),
     ("anychip_plugins.gpu.libanychip_cuda", "ANYCHIP_GPU_PLUGIN_DIR"),
@@ -31,6 +33,49 @@ def paddle_include_dir() -> str:
         return ""
     inc = Path(list(spec.submodule_search_locations)[0]) / "include"
     return str(inc) if (inc / "paddle/phi/backends/device_ext.h").exists() else ""
+
+
+# The packages as setup() maps them, and the entry points of anychip's own plugins: what a build
+# step needs to run anychip from the source tree before pip has installed it.
+PACKAGE_DIRS = {"anychip": "core", "anychip_plugins": "plugins", "anychip_models": "models", "anychip_bench": "bench",
+                "anychip_codegen": "codegen"}
+CHIPS = ("cpu", "gpu", "xpu", "npu", "gcu", "dcu")
+
+
+# Run by install_paddle_devices: imports the packages from the source tree as setup() maps them,
+# as pip's editable install will once it has finished (the paths stay the real ones).
+_FROM_SOURCE = """
+import importlib.abc, importlib.util, sys
+dirs = {dirs!r}
+class SourceTree(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name in dirs:
+            return importlib.util.spec_from_file_location(
+                name, dirs[name] + "/__init__.py", submodule_search_locations=[dirs[name]])
+sys.meta_path.insert(0, SourceTree())
+from anychip.paddle_root import main
+sys.exit(main())
+"""
+
+
+def install_paddle_devices(build_dir: Path) -> None:
+    """Writes anychip's devices into Paddle's CustomDevice folder (anychip.paddle_root.install),
+    so that `import paddle` alone has them; the generated kernels of the built-in chips are
+    compiled on the way, into the install, not at first use. Runs anychip from the source tree,
+    beside a dist-info declaring the built-in plugins (pip has not installed them yet)."""
+    meta = build_dir / "plugin-metadata"
+    shutil.rmtree(meta, ignore_errors=True)
+    info = meta / "anychip-0.1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: anychip\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[anychip.plugins]\n" + "".join(f"{chip} = anychip_plugins.{chip}\n" for chip in CHIPS))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(meta), os.environ.get("PYTHONPATH")])),
+               ANYCHIP_CODEGEN_CACHE=str(ROOT / "codegen" / "_prebuilt"))
+    print("anychip: building the built-in chips' generated kernels and installing their Paddle CustomDevices",
+          file=sys.stderr, flush=True)
+    dirs = {package: str(ROOT / folder) for package, folder in PACKAGE_DIRS.items()}
+    subprocess.check_call([sys.executable, "-c", _FROM_SOURCE.format(dirs=dirs)], env=env)
 
 
 class CMakeBuild(build_ext):
@@ -53,6 +98,8 @@ class CMakeBuild(build_ext):
         configure += [f"-D{var}={path}" for var, path in out_dirs.items()]
         subprocess.check_call(configure)
         subprocess.check_call(["cmake", "--build", str(build_dir), "-j", str(os.cpu_count() or 2)])
+        if paddle_inc and self.inplace:
+            install_paddle_devices(build_dir)
 
     def get_outputs(self):
         return [p for p in super().get_outputs() if os.path.exists(p)]
@@ -63,8 +110,7 @@ setup(
     version="0.1.0",
     description="A plugin-based hardware abstraction layer for LLM work on PaddlePaddle",
     python_requires=">=3.10",
-    package_dir={"anychip": "core", "anychip_plugins": "plugins", "anychip_models": "models", "anychip_bench": "bench",
-                 "anychip_codegen": "codegen"},
+    package_dir=PACKAGE_DIRS,
     packages=["anychip", "anychip.runtime", "anychip.cli", "anychip.ops", "anychip.conformance", "anychip_bench",
               "anychip_codegen", "anychip_codegen.backends",
               "anychip_plugins", "anychip_plugins.cpu", "anychip_plugins.gpu", "anychip_plugins.xpu",
@@ -94,7 +140,7 @@ setup(
         "anychip.conformance": ["llama = anychip_models.conformance"],
         "pytest11": ["anychip_conformance = anychip.conformance.pytest_plugin"],
         "anychip.plugins": [
-            f"{chip} = anychip_plugins.{chip}" for chip in ("cpu", "gpu", "xpu", "npu", "gcu", "dcu")
+            f"{chip} = anychip_plugins.{chip}" for chip in CHIPS
         ],
     },
 )

@@ -15,6 +15,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,11 @@ def cache_root() -> Path:
     if os.environ.get("ANYCHIP_CACHE_DIR"):
         return Path(os.environ["ANYCHIP_CACHE_DIR"]) / "codegen"
     return Path.home() / ".cache" / "anychip" / "codegen"
+
+
+def prebuilt_root() -> Path:
+    """Where ``pip install`` built the built-in chips' libraries (searched before the cache)."""
+    return Path(__file__).resolve().parent / "_prebuilt"
 
 
 def ninja_binary() -> str:
@@ -116,8 +122,13 @@ def library_key(name: str, kernels, backend) -> str:
 def build(name: str, kernels, backend, root: Path | None = None) -> Library:
     """Builds ``kernels`` with ``backend`` into ``lib<name>.so`` (or finds it in the cache)."""
     kernels = tuple(kernels)
+    folder_name = f"{name}-{backend.name}-{library_key(name, kernels, backend)}"
+    if root is None:
+        prebuilt = prebuilt_root() / folder_name / f"lib{name}.so"
+        if prebuilt.exists():
+            return Library(str(prebuilt), kernels, backend, built=False)
     root = Path(root) if root is not None else cache_root()
-    folder = root / f"{name}-{backend.name}-{library_key(name, kernels, backend)}"
+    folder = root / folder_name
     lib = folder / f"lib{name}.so"
     if lib.exists():
         return Library(str(lib), kernels, backend, built=False)
@@ -136,12 +147,30 @@ def build(name: str, kernels, backend, root: Path | None = None) -> Library:
 
 
 def _run_ninja(folder: Path, name: str) -> None:
+    """Runs the build, with one line and a progress bar on stderr: a library takes from seconds
+    to a minute or two, and is built once (``pip install`` builds the built-in chips')."""
+    import re
+
+    from tqdm import tqdm
+
     jobs = str(max(1, min(len(os.sched_getaffinity(0)), 16)))
+    steps = (folder / "build.ninja").read_text().count("\nbuild ")
+    output = []
+    print(f"anychip: compiling generated kernels {name} ({steps} steps, once: kept in {folder.parent})",
+          file=sys.stderr, flush=True)
     try:
-        done = subprocess.run([ninja_binary(), "-C", str(folder), "-j", jobs], capture_output=True, text=True)
+        with subprocess.Popen([ninja_binary(), "-C", str(folder), "-j", jobs], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) as ninja, \
+                tqdm(total=steps, desc=f"anychip: compiling generated kernels {name}", unit="step",
+                     leave=False, mininterval=1.0, disable=None) as bar:  # a bar on a terminal only
+            for line in ninja.stdout:
+                output.append(line)
+                if (step := re.match(r"\[(\d+)/\d+\]", line)) is not None:
+                    bar.update(int(step[1]) - bar.n)
+        returncode = ninja.returncode
     except OSError as e:
         raise CodeGenBuildError(f"running ninja for {name}: {e}") from None
-    if done.returncode != 0:
-        output = (done.stdout + done.stderr).strip()
+    if returncode != 0:
+        output = "".join(output).strip()
         raise CodeGenBuildError(f"building generated library {name!r} failed (sources and build.ninja in "
                                 f"{folder}):\n{output[-4000:]}")

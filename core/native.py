@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
@@ -15,3 +16,8 @@ def include_dir() -> str:
 def library_path(name: str) -> Path:
     """Path of one of anychip's own shared libraries (``name`` without ``lib`` and ``.so``)."""
     return _HERE / "_lib" / f"lib{name}.so"
+
+
+def cache_dir() -> Path:
+    """anychip's cache: $ANYCHIP_CACHE_DIR, else ~/.cache/anychip."""
+    return Path(os.environ.get("ANYCHIP_CACHE_DIR", Path.home() / ".cache" / "anychip"))

@@ -1,129 +1,97 @@
-"""Making anychip devices Paddle CustomDevices.
+"""Paddle with anychip's devices in it, whichever of the two was imported first.
 
-Paddle loads CustomDevice plugins only once, at ``import paddle``, from $CUSTOM_DEVICE_ROOT. So
-before Paddle is imported, anychip writes a folder with one copy of the generic bridge
-(``libanychip_paddle_bridge.so``) per available device, each beside a config naming the
-device's runtime library, and points $CUSTOM_DEVICE_ROOT at it. Copies, because the dynamic
-loader would hand every link to the same file the same single instance.
+Paddle loads CustomDevice plugins only once, at ``import paddle``, from $CUSTOM_DEVICE_ROOT
+(``paddle_root`` says what that folder holds and where it is). ``import_paddle`` imports Paddle
+from the folder that matches the devices and kernels registered now; when the script imported
+Paddle first (every PaddleNLP script does), it takes that Paddle as it is, with the devices
+``pip install`` put in Paddle's own folder, and sets at run time what it would otherwise have
+set before the import.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import re
-import shutil
 import sys
 import warnings
 from pathlib import Path
 
-from . import fallback, paddle_kernels
+from . import fallback, paddle_root
 from .errors import PaddleImportOrderError
 from .host_memory import keep_freed_host_memory
 from .host_threads import num_threads
-from .native import library_path
 from .plugins import registry
 from .runtime.errors import AnychipError, DeviceOutOfMemoryError
 
 _paddle = None
 _root: Path | None = None  # the $CUSTOM_DEVICE_ROOT this process's Paddle loaded
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("ANYCHIP_CACHE_DIR", Path.home() / ".cache" / "anychip"))
-
-
-def _bridged_devices() -> dict[str, dict]:
-    """Config of every device that has a Paddle type and whose runtime comes up here."""
-    from .devices import describe
-
-    configs = {}
-    for name, spec in sorted(registry().devices.items()):
-        if spec.paddle_type is None:
-            continue
-        info = describe(name)
-        if info.status == "unavailable" or info.count == 0:
-            continue
-        configs[name] = {
-            "name": name,
-            "paddle_type": spec.paddle_type,
-            "sub_type": "simulated" if info.status == "simulated" else "hardware",
-            "library": spec.library,
-            "symbol": spec.symbol,
-            "options": spec.options_string(),
-        }
-    return configs
-
-
-def _write_root(configs: dict[str, dict], kernel_libs: dict[str, Path]) -> Path:
-    bridge = library_path("anychip_paddle_bridge")
-    if not bridge.exists():
-        raise FileNotFoundError(
-            f"{bridge} is missing: anychip was built without Paddle's headers. Install "
-            "paddlepaddle first, then reinstall anychip (see README)")
-    text = {n: "".join(f"{k}={v}\n" for k, v in c.items()) for n, c in configs.items()}
-    # kernel libraries' paths are content hashes (anychip.paddle_kernels), so they key the root too
-    kernels = sorted((n, str(p)) for n, p in kernel_libs.items())
-    digest = hashlib.sha256(bridge.read_bytes() + repr((sorted(text.items()), kernels)).encode()).hexdigest()[:16]
-    root = cache_dir() / "paddle_devices" / digest
-    if not root.exists():
-        tmp = root.with_name(f"{digest}.tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        for name, conf in text.items():
-            lib = tmp / f"libanychip_{name}.so"
-            shutil.copyfile(bridge, lib)
-            (tmp / f"libanychip_{name}.so.conf").write_text(conf)
-        for name, path in kernel_libs.items():
-            shutil.copyfile(path, tmp / f"libanychip_{name}_kernels.so")
-        try:
-            tmp.rename(root)  # atomic: a concurrent process sees all of it or none
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)  # another process won the race
-    return root
+_loaded_types: frozenset[str] = frozenset()  # the CustomDevice types it has (fixed at its import)
 
 
 def import_paddle():
-    """Imports Paddle with every available anychip device registered in it."""
-    global _paddle
+    """Paddle, with every available anychip device registered in it: imported now from the
+    right CustomDevice folder, or, when the script imported Paddle first, taken as it is."""
+    global _paddle, _root, _loaded_types
     if _paddle is not None:
         return _paddle
-    if "paddle" in sys.modules:
-        raise PaddleImportOrderError(
-            "paddle was imported before anychip could register its devices; Paddle loads "
-            "CustomDevices only at import. Call anychip.set_device(...) (or "
-            "anychip.paddle_frontend.import_paddle()) before `import paddle`")
-    global _root
     keep_freed_host_memory()
-    configs = _bridged_devices()
-    _root = _write_root(configs, paddle_kernels.libraries(registry().kernels, configs))
-    os.environ["CUSTOM_DEVICE_ROOT"] = str(_root)
-    count_fallbacks = bool(configs) and not fallback.strict()
-    # Strided views need a `contiguous` kernel on a device to become dense again, and Paddle has
-    # no CPU fallback for it: a chip without one could not run the ops' references. Dense results
-    # for slices and splits instead (their consumers copy non-contiguous inputs anyway).
-    os.environ.setdefault("FLAGS_use_stride_kernel", "0")
-    if fallback.strict():
-        os.environ["FLAGS_enable_api_kernel_fallback"] = "0"
-    elif count_fallbacks:
-        fallback.start_monitor({c["paddle_type"]: n for n, c in configs.items()})
-    with warnings.catch_warnings():
-        # Paddle warns about ccache at import for its JIT extension builder, which anychip doesn't use.
-        warnings.filterwarnings("ignore", message="No ccache found")
-        import paddle
-
-    if count_fallbacks:
-        fallback.log_paddle_fallbacks(paddle)
-    # Paddle makes the first CustomDevice it loaded its default; stay on the CPU, like a plain
-    # Paddle install, until anychip.set_device chooses.
-    paddle.set_device("cpu")
+    if "paddle" in sys.modules:
+        paddle = _adopt(sys.modules["paddle"])
+    else:
+        _root = paddle_root.prepare()
+        os.environ["CUSTOM_DEVICE_ROOT"] = str(_root)
+        # Strided views need a `contiguous` kernel on a device to become dense again, and Paddle
+        # has no CPU fallback for it: dense results for slices and splits instead (their
+        # consumers copy non-contiguous inputs anyway).
+        os.environ.setdefault("FLAGS_use_stride_kernel", "0")
+        if fallback.strict():
+            os.environ["FLAGS_enable_api_kernel_fallback"] = "0"
+        with warnings.catch_warnings():
+            # Paddle warns about ccache at import for its JIT extension builder, which anychip doesn't use.
+            warnings.filterwarnings("ignore", message="No ccache found")
+            import paddle
+        # Paddle makes the first CustomDevice it loaded its default; stay on the CPU, like a plain
+        # Paddle install, until anychip.set_device chooses.
+        paddle.set_device("cpu")
+    _loaded_types = frozenset(paddle.device.get_all_custom_device_type() or ())
+    _count_fallbacks(paddle)
     # Paddle's import pins its CPU ops to one thread (OMP_NUM_THREADS=1); give them the threads
     # anychip's kernels use, so a model mixing both runs neither half single-threaded.
     paddle.base.core.set_num_threads(num_threads())
-
     _paddle = paddle
     return paddle
+
+
+def _adopt(paddle):
+    """The Paddle a script imported before anychip, with the settings import_paddle makes
+    before an import of its own made at run time instead. Its devices are those its
+    CustomDevice folder held at import (``place`` refuses one it lacks)."""
+    global _root
+    _root = Path(os.environ.get("CUSTOM_DEVICE_ROOT") or paddle_root.default_root())
+    flags = {"FLAGS_use_stride_kernel": False}  # as above; settable until a kernel has run
+    if fallback.strict():
+        flags["FLAGS_enable_api_kernel_fallback"] = False
+    paddle.set_flags(flags)
+    try:
+        current = paddle_root.holds(_root, paddle_root.root_files())
+    except OSError:
+        current = False
+    if not current:
+        print(f"anychip: the CustomDevice folder Paddle loaded ({_root}) does not match the anychip devices and "
+              "kernels installed now: run `python -m anychip.paddle_root` to update it, or import anychip "
+              "before paddle", file=sys.stderr)
+    return paddle
+
+
+def _count_fallbacks(paddle) -> None:
+    """Starts counting Paddle's CPU fallbacks on anychip devices (none to count in strict mode,
+    where a fallback is an error, or with no device)."""
+    names = {spec.paddle_type: name for name, spec in registry().devices.items()
+             if spec.paddle_type in _loaded_types}
+    if names and not fallback.strict():
+        fallback.start_monitor(names)
+        fallback.log_paddle_fallbacks(paddle)
 
 
 @functools.lru_cache(maxsize=None)
@@ -134,7 +102,17 @@ def place(name: str, index: int):
     spec = registry().spec(name)
     if spec.paddle_type is None:
         return paddle.CPUPlace()
+    _require_loaded(paddle, name, spec.paddle_type)
     return paddle.CustomPlace(spec.paddle_type, index)
+
+
+def _require_loaded(paddle, name: str, paddle_type: str) -> None:
+    if paddle_type not in _loaded_types:
+        raise PaddleImportOrderError(
+            f"device {name!r} (Paddle type {paddle_type}) is not among the CustomDevices Paddle loaded at "
+            f"import from {_root}: Paddle was imported before anychip and its folder lacks this device (installed "
+            "since, or its runtime did not come up then). Run `python -m anychip.paddle_root` to update the "
+            "folder, or import anychip before paddle")
 
 
 def bridge_library(name: str) -> Path:
@@ -178,5 +156,9 @@ def device_of_place(place) -> tuple[str, int]:
 
 
 def paddle_device_string(name: str, index: int) -> str:
+    """Paddle's name of anychip device ``name:index`` (raises if this process's Paddle lacks it)."""
     spec = registry().spec(name)
-    return "cpu" if spec.paddle_type is None else f"{spec.paddle_type}:{index}"
+    if spec.paddle_type is None:
+        return "cpu"
+    _require_loaded(import_paddle(), name, spec.paddle_type)
+    return f"{spec.paddle_type}:{index}"

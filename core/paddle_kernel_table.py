@@ -95,3 +95,58 @@ def _kernels() -> tuple[PaddleKernel, ...]:
 
 
 PADDLE_KERNELS = _kernels()
+
+
+# --- C++ registration table of libanychip_paddle_kernels.so (generated at build time) ---------
+
+def _cxx_part(index: int, rows: list[PaddleKernel]) -> str:
+    lines = [f"// Generated from core/paddle_kernel_table.py (part {index}): do not edit.",
+             '#include "table.h"', "", "namespace anychip_pk {", "namespace {"]
+    for i, pk in enumerate(rows):
+        if pk.body:
+            lines.append(f"void define_{i}(const phi::KernelKey&, phi::Kernel* kernel) {{ {pk.body} }}")
+    lines += ["}  // namespace", "", f"void table_part_{index}(const RowSink& sink) {{"]
+    for i, pk in enumerate(rows):
+        define = f"define_{i}" if pk.body else "define_nothing"
+        lines.append(f'  sink(Row{{"{pk.name}", {define}, {{ANYCHIP_PK_ALL_DTYPES({pk.wrapper})}}}});')
+    lines += ["}", "", "}  // namespace anychip_pk", ""]
+    return "\n".join(lines)
+
+
+def cxx_sources(parts: int) -> dict[str, str]:
+    """{file name: C++ source} of the table: ``parts`` files holding the rows (compiled in
+    parallel: each instantiates its wrappers for every dtype) and ``table.cc``, which visits
+    them all."""
+    chunks = [list(PADDLE_KERNELS[i::parts]) for i in range(parts)]
+    files = {f"table_{i}.cc": _cxx_part(i, rows) for i, rows in enumerate(chunks)}
+    index = ["// Generated from core/paddle_kernel_table.py: do not edit.", '#include "table.h"', "",
+             "namespace anychip_pk {"]
+    index += [f"void table_part_{i}(const RowSink& sink);" for i in range(parts)]
+    index += ["", "void for_each_row(const RowSink& sink) {"]
+    index += [f"  table_part_{i}(sink);" for i in range(parts)]
+    index += ["}", "", "}  // namespace anychip_pk", ""]
+    files["table.cc"] = "\n".join(index)
+    return files
+
+
+def _main(argv: list[str]) -> None:
+    """``python paddle_kernel_table.py --cxx DIR --parts N``: writes the table's C++ sources
+    into DIR (each only when its text changed, so that an unchanged table recompiles nothing)."""
+    import argparse
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(description=_main.__doc__)
+    parser.add_argument("--cxx", required=True, type=Path, help="folder for the generated sources")
+    parser.add_argument("--parts", type=int, default=4, help="files the rows are split into")
+    args = parser.parse_args(argv)
+    args.cxx.mkdir(parents=True, exist_ok=True)
+    for name, text in cxx_sources(args.parts).items():
+        path = args.cxx / name
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+
+
+if __name__ == "__main__":
+    import sys
+
+    _main(sys.argv[1:])

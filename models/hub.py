@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from anychip.paddle_frontend import cache_dir
+from anychip.native import cache_dir
 
 from .checkpoint import CheckpointError
 from .gguf_file import open_gguf

@@ -1,14 +1,15 @@
-// Hand-written glue of the generated Paddle kernel libraries (see anychip/paddle_kernels.py).
+// Glue of anychip's Paddle kernel library (libanychip_paddle_kernels.so, see
+// anychip/paddle_kernels.py and loader.cc).
 //
-// A generated library holds, for one anychip device, PD_REGISTER_PLUGIN_KERNEL wrappers that
-// turn Paddle's DenseTensors into AnychipTensor descriptors and launch the plugin's C-ABI kernel
-// (anychip/kernel.h) the way anychip.ops does: on dev_ctx's stream, a host-code kernel through
-// the device's Paddle bridge (`anychip_bridge_launch`, which opens exactly the tensors' memory
-// and returns when the kernel ran), a device-code kernel called directly with the stream.
-//
-// The generated source defines, before including this file's users:
-//   kDeviceName   the anychip device name; its bridge is libanychip_<name>.so beside this library
-//   kKernels[]    (base op, dtype) -> library, symbol, host_code of the plugin's kernel
+// The library holds wrappers that turn Paddle's DenseTensors into AnychipTensor descriptors and
+// launch a plugin's C-ABI kernel (anychip/kernel.h) the way anychip.ops does: on dev_ctx's
+// stream, a host-code kernel through the device's Paddle bridge (`anychip_bridge_launch`, which
+// opens exactly the tensors' memory and returns when the kernel ran), a device-code kernel
+// called directly with the stream. One copy of the library serves one anychip device; which
+// device, and which plugin kernel serves each (base op, dtype), loader.cc reads from the
+// config beside the copy when Paddle loads it:
+//   g_device_name  the anychip device name; its bridge is libanychip_<name>.so beside this copy
+//   g_kernels      (base op, dtype) -> library, symbol, host_code of the plugin's kernel
 #pragma once
 
 #include <dlfcn.h>
@@ -31,23 +32,23 @@
 namespace anychip_pk {
 
 struct KernelEntry {
-  const char* op;
+  std::string op;
   phi::DataType dtype;
-  const char* library;
-  const char* symbol;
+  std::string library;
+  std::string symbol;
   bool host_code;
 };
 
-extern const char kDeviceName[];
-extern const KernelEntry kKernels[];
-extern const size_t kNumKernels;
+// Filled once by loader.cc while Paddle loads the library, read-only afterwards.
+inline std::string g_device_name = "anychip";
+inline std::vector<KernelEntry> g_kernels;
 
 using BridgeLaunch = int (*)(int device, void* stream, AnychipHostFunction fn, void* user_data,
                              const AnychipMemoryRange* ranges, int num_ranges, char* error,
                              size_t error_size);
 
 [[noreturn]] inline void fail(const std::string& message) {
-  PADDLE_THROW(common::errors::External("anychip[%s]: %s", kDeviceName, message));
+  PADDLE_THROW(common::errors::External("anychip[%s]: %s", g_device_name, message));
 }
 
 inline int32_t anychip_dtype(phi::DataType dtype) {
@@ -80,13 +81,12 @@ inline Resolved find(const char* op, phi::DataType dtype) {
   auto key = std::make_pair(std::string(op), dtype);
   auto hit = cache.find(key);
   if (hit != cache.end()) return hit->second;
-  for (size_t i = 0; i < kNumKernels; ++i) {
-    const KernelEntry& e = kKernels[i];
+  for (const KernelEntry& e : g_kernels) {
     if (key.first != e.op || e.dtype != dtype) continue;
-    void* lib = dlopen(e.library, RTLD_NOW | RTLD_LOCAL);
-    if (lib == nullptr) fail(std::string("cannot load kernel library ") + e.library + ": " + dlerror());
-    void* fn = dlsym(lib, e.symbol);
-    if (fn == nullptr) fail(std::string(e.library) + " exports no kernel " + e.symbol);
+    void* lib = dlopen(e.library.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) fail("cannot load kernel library " + e.library + ": " + dlerror());
+    void* fn = dlsym(lib, e.symbol.c_str());
+    if (fn == nullptr) fail(e.library + " exports no kernel " + e.symbol);
     Resolved r{reinterpret_cast<AnychipKernelFn>(fn), e.host_code};
     cache[key] = r;
     return r;
@@ -102,7 +102,7 @@ inline BridgeLaunch bridge_launch() {
       fail("cannot find the kernel library's own path");
     }
     std::string path = info.dli_fname;
-    path = path.substr(0, path.rfind('/') + 1) + "libanychip_" + kDeviceName + ".so";
+    path = path.substr(0, path.rfind('/') + 1) + "libanychip_" + g_device_name + ".so";
     void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
     if (lib == nullptr) fail("the device's Paddle bridge " + path + " is not loaded");
     void* fn = dlsym(lib, "anychip_bridge_launch");

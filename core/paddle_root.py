@@ -1,0 +1,170 @@
+"""The CustomDevice folder from which Paddle loads anychip's devices.
+
+Paddle loads CustomDevice plugins once, at ``import paddle``, from every ``.so`` in
+$CUSTOM_DEVICE_ROOT, by default ``site-packages/paddle_custom_device/``. For every available
+device with a Paddle type, the folder holds:
+
+- ``libanychip_<name>.so``: a copy of the generic bridge (``libanychip_paddle_bridge.so``), and
+  ``libanychip_<name>.so.conf`` naming the device's runtime library (see bridge.cc);
+- ``libanychip_<name>_kernels.so``: a copy of the Paddle kernel library, and its ``.conf``
+  naming the Paddle kernels to register and the plugin kernels behind them (paddle_kernels).
+
+Copies, because the dynamic loader would hand every link to the same file the same single
+instance. ``pip install`` writes these files into Paddle's default folder (``install``), so
+that a plain ``import paddle`` has every anychip device, as Paddle's convention for an installed
+CustomDevice is. When anychip imports Paddle itself and that folder does not hold exactly what
+the installed plugins give now (a plugin added since, kernels swapped in by a test), it writes
+the files into a folder of its cache instead and points $CUSTOM_DEVICE_ROOT there.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+from . import paddle_kernels
+from .native import cache_dir, library_path
+from .plugins import registry
+
+PREFIX = "libanychip_"  # every file anychip owns in a CustomDevice folder starts with it
+
+
+def device_configs() -> dict[str, dict]:
+    """Config of every device that has a Paddle type and whose runtime comes up here."""
+    from .devices import describe
+
+    configs = {}
+    for name, spec in sorted(registry().devices.items()):
+        if spec.paddle_type is None:
+            continue
+        info = describe(name)
+        if info.status == "unavailable" or info.count == 0:
+            continue
+        configs[name] = {
+            "name": name,
+            "paddle_type": spec.paddle_type,
+            "sub_type": "simulated" if info.status == "simulated" else "hardware",
+            "library": spec.library,
+            "symbol": spec.symbol,
+            "options": spec.options_string(),
+        }
+    return configs
+
+
+def root_files() -> dict[str, Path | str]:
+    """{file name: the library it copies (Path) or its text (str)} of the folder, for the
+    devices and kernels registered now."""
+    bridge = library_path("anychip_paddle_bridge")
+    if not bridge.exists():
+        raise FileNotFoundError(
+            f"{bridge} is missing: anychip was built without Paddle's headers. Install "
+            "paddlepaddle first, then reinstall anychip (see README)")
+    configs = device_configs()
+    files: dict[str, Path | str] = {}
+    for name, conf in configs.items():
+        files[f"{PREFIX}{name}.so"] = bridge
+        files[f"{PREFIX}{name}.so.conf"] = "".join(f"{k}={v}\n" for k, v in conf.items())
+    for name, text in paddle_kernels.configs(registry().kernels, configs).items():
+        files[f"{PREFIX}{name}_kernels.so"] = paddle_kernels.library()
+        files[f"{PREFIX}{name}_kernels.so.conf"] = text
+    return files
+
+
+def default_root() -> Path:
+    """Paddle's own CustomDevice folder: ``paddle_custom_device`` beside the installed ``paddle``
+    package (found without importing it: Paddle must load after the folder is written)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("paddle")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("paddle is not installed")
+    return Path(list(spec.submodule_search_locations)[0]).parent / "paddle_custom_device"
+
+
+def holds(folder: Path, files: dict[str, Path | str]) -> bool:
+    """Whether ``folder``'s anychip files are exactly ``files``."""
+    if not folder.is_dir():
+        return False
+    present = {p.name for p in folder.iterdir() if p.name.startswith(PREFIX)}
+    if present != set(files):
+        return False
+    for name, content in files.items():
+        path = folder / name
+        if isinstance(content, Path):
+            if not filecmp.cmp(content, path, shallow=False):
+                return False
+        elif path.read_text() != content:
+            return False
+    return True
+
+
+def _write_file(path: Path, content: Path | str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    if isinstance(content, Path):
+        shutil.copyfile(content, tmp)
+    else:
+        tmp.write_text(content)
+    os.replace(tmp, path)  # atomic: an `import paddle` meanwhile loads the old file or the new
+
+
+def install(folder: Path | None = None) -> Path:
+    """Writes the anychip files into ``folder`` (default: Paddle's own CustomDevice folder),
+    replacing anychip's earlier files there and leaving any other vendor's plugins alone.
+    ``pip install`` runs this, so that ``import paddle`` alone finds every anychip device."""
+    folder = default_root() if folder is None else folder
+    files = root_files()
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in [p for p in folder.iterdir() if p.name.startswith(PREFIX) and p.name not in files]:
+        stale.unlink()
+    for name, content in files.items():
+        _write_file(folder / name, content)
+    return folder
+
+
+def prepare() -> Path:
+    """The folder Paddle should load anychip's devices from now: Paddle's own when it holds
+    exactly the files of the devices and kernels registered now, else a folder of the cache
+    (keyed by the files' content, written once, atomically)."""
+    files = root_files()
+    try:
+        if holds(default_root(), files):
+            return default_root()
+    except OSError:
+        pass  # an unreadable site-packages: the cache will do
+    h = hashlib.sha256()
+    for name, content in sorted(files.items()):
+        h.update(name.encode() + b"\0")
+        h.update(content.read_bytes() if isinstance(content, Path) else content.encode())
+        h.update(b"\0")
+    digest = h.hexdigest()[:16]
+    root = cache_dir() / "paddle_devices" / digest
+    if not root.exists():
+        tmp = root.with_name(f"{digest}.tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for name, content in files.items():
+            _write_file(tmp / name, content)
+        try:
+            tmp.rename(root)  # atomic: a concurrent process sees all of it or none
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)  # another process won the race
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m anychip.paddle_root [FOLDER]``: (re)writes the anychip files of Paddle's
+    CustomDevice folder (or FOLDER), e.g. after installing a third-party plugin."""
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    folder = install(Path(argv[0]) if argv else None)
+    devices = ", ".join(f"{name} ({conf['paddle_type']}, {conf['sub_type']})" for name, conf in device_configs().items())
+    print(f"anychip: Paddle CustomDevices in {folder}: {devices or 'none'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,119 @@
+// Registers libanychip_paddle_kernels.so's Paddle kernels for one anychip device, when Paddle
+// loads the library from its CustomDevice folder.
+//
+// The library is built once, at install, for every Paddle kernel of the table and every dtype.
+// anychip puts one copy of it per device beside the device's bridge ("libanychip_<name>_kernels.so",
+// copies: the dynamic loader would hand every link the same single instance), each next to a
+// config "<copy>.conf" that anychip.paddle_kernels writes:
+//   device=npu                        the anychip device (its bridge is libanychip_npu.so)
+//   paddle_type=anychip_ascend        the Paddle device type the kernels are registered for
+//   serve=add float32 float16         a Paddle kernel and the dtypes it is registered for
+//   kernel=add float32 1 SYMBOL PATH  a base op's kernel: dtype, host code (1/0), symbol, library
+// Registration happens while the copy is dlopen()ed, before Paddle moves the registered kernels
+// into its kernel factory. A missing or malformed config registers nothing and says why on
+// stderr: the device's ops then fall back to the CPU, counted as any other fallback.
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "table.h"
+
+namespace anychip_pk {
+namespace {
+
+const std::map<std::string, phi::DataType>& dtypes() {
+  static const std::map<std::string, phi::DataType> names = {
+      {"float32", phi::DataType::FLOAT32}, {"float16", phi::DataType::FLOAT16},
+      {"bfloat16", phi::DataType::BFLOAT16}, {"float64", phi::DataType::FLOAT64},
+      {"int8", phi::DataType::INT8}, {"uint8", phi::DataType::UINT8}, {"int16", phi::DataType::INT16},
+      {"int32", phi::DataType::INT32}, {"int64", phi::DataType::INT64}, {"bool", phi::DataType::BOOL}};
+  return names;
+}
+
+phi::DataType dtype_named(const std::string& name, const std::string& line) {
+  auto found = dtypes().find(name);
+  if (found == dtypes().end()) throw std::runtime_error("unknown dtype '" + name + "' in: " + line);
+  return found->second;
+}
+
+struct Config {
+  std::string paddle_type;
+  std::map<std::string, std::set<phi::DataType>> serve;
+};
+
+Config read_config(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot read " + path);
+  Config config;
+  std::string line;
+  while (std::getline(in, line)) {
+    auto eq = line.find('=');
+    if (line.empty() || eq == std::string::npos) continue;
+    std::string key = line.substr(0, eq);
+    std::istringstream fields(line.substr(eq + 1));
+    if (key == "device") {
+      fields >> g_device_name;
+    } else if (key == "paddle_type") {
+      fields >> config.paddle_type;
+    } else if (key == "serve") {
+      std::string name, dtype;
+      fields >> name;
+      while (fields >> dtype) config.serve[name].insert(dtype_named(dtype, line));
+    } else if (key == "kernel") {
+      KernelEntry e;
+      std::string dtype;
+      int host_code = 1;
+      fields >> e.op >> dtype >> host_code >> e.symbol;
+      std::getline(fields >> std::ws, e.library);  // the rest: a path may hold spaces
+      if (e.library.empty()) throw std::runtime_error("a kernel line without a library: " + line);
+      e.dtype = dtype_named(dtype, line);
+      e.host_code = host_code != 0;
+      g_kernels.push_back(e);
+    }
+  }
+  if (config.paddle_type.empty()) throw std::runtime_error(path + " names no paddle_type");
+  return config;
+}
+
+std::string own_path() {
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&read_config), &info) == 0 || info.dli_fname == nullptr) {
+    throw std::runtime_error("cannot find the library's own path");
+  }
+  return info.dli_fname;
+}
+
+void register_kernels() {
+  std::string path;
+  try {
+    path = own_path();
+    Config config = read_config(path + ".conf");
+    for_each_row([&](const Row& row) {
+      auto served = config.serve.find(row.name);
+      if (served == config.serve.end()) return;
+      for (const Instance& instance : row.instances) {
+        if (served->second.count(instance.dtype) == 0) continue;
+        phi::KernelRegistrar(phi::RegType::OUTER, row.name, config.paddle_type.c_str(),
+                             phi::DataLayout::ALL_LAYOUT, instance.dtype, instance.parse, row.define,
+                             instance.compute, instance.variadic);
+      }
+    });
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "anychip: %s: no Paddle kernels registered: %s\n", path.c_str(), e.what());
+  }
+}
+
+// A static object, not __attribute__((constructor)): C++ initializes it after g_device_name and
+// g_kernels (inline variables of glue.h, defined above it), which a constructor function could
+// run before.
+const struct Registration {
+  Registration() { register_kernels(); }
+} registration;
+
+}  // namespace
+}  // namespace anychip_pk
