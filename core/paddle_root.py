@@ -6,8 +6,10 @@ device with a Paddle type, the folder holds:
 
 - ``libanychip_<name>.so``: a copy of the generic bridge (``libanychip_paddle_bridge.so``), and
   ``libanychip_<name>.so.conf`` naming the device's runtime library (see bridge.cc);
-- ``libanychip_<name>_kernels.so``: a copy of the Paddle kernel library, and its ``.conf``
-  naming the Paddle kernels to register and the plugin kernels behind them (paddle_kernels).
+- ``kernels/libanychip_<name>_kernels.so``: a copy of the Paddle kernel library, and its
+  ``.conf`` naming the Paddle kernels to register and the plugin kernels behind them
+  (paddle_kernels). In a subfolder, loaded by the device's bridge: Paddle takes every library
+  of the folder itself for a runtime, and warns about each that is not.
 
 Copies, because the dynamic loader would hand every link to the same file the same single
 instance. ``pip install`` writes these files into Paddle's default folder (``install``), so
@@ -30,6 +32,7 @@ from .native import cache_dir, library_path
 from .plugins import registry
 
 PREFIX = "libanychip_"  # every file anychip owns in a CustomDevice folder starts with it
+KERNELS = "kernels"  # the subfolder of the devices' Paddle kernels, anychip's alone
 
 
 def device_configs() -> dict[str, dict]:
@@ -55,7 +58,7 @@ def device_configs() -> dict[str, dict]:
 
 
 def root_files() -> dict[str, Path | str]:
-    """{file name: the library it copies (Path) or its text (str)} of the folder, for the
+    """{file path in the folder: the library it copies (Path) or its text (str)}, for the
     devices and kernels registered now."""
     bridge = library_path("anychip_paddle_bridge")
     if not bridge.exists():
@@ -68,8 +71,8 @@ def root_files() -> dict[str, Path | str]:
         files[f"{PREFIX}{name}.so"] = bridge
         files[f"{PREFIX}{name}.so.conf"] = "".join(f"{k}={v}\n" for k, v in conf.items())
     for name, text in paddle_kernels.configs(registry().kernels, configs).items():
-        files[f"{PREFIX}{name}_kernels.so"] = paddle_kernels.library()
-        files[f"{PREFIX}{name}_kernels.so.conf"] = text
+        files[f"{KERNELS}/{PREFIX}{name}_kernels.so"] = paddle_kernels.library()
+        files[f"{KERNELS}/{PREFIX}{name}_kernels.so.conf"] = text
     return files
 
 
@@ -88,8 +91,7 @@ def holds(folder: Path, files: dict[str, Path | str]) -> bool:
     """Whether ``folder``'s anychip files are exactly ``files``."""
     if not folder.is_dir():
         return False
-    present = {p.name for p in folder.iterdir() if p.name.startswith(PREFIX)}
-    if present != set(files):
+    if _present(folder) != set(files):
         return False
     for name, content in files.items():
         path = folder / name
@@ -99,6 +101,14 @@ def holds(folder: Path, files: dict[str, Path | str]) -> bool:
         elif path.read_text() != content:
             return False
     return True
+
+
+def _present(folder: Path) -> set[str]:
+    """anychip's files in ``folder``, as root_files names them."""
+    names = {p.name for p in folder.iterdir() if p.name.startswith(PREFIX)}
+    if (folder / KERNELS).is_dir():
+        names |= {f"{KERNELS}/{p.name}" for p in (folder / KERNELS).iterdir() if p.name.startswith(PREFIX)}
+    return names
 
 
 def _write_file(path: Path, content: Path | str) -> None:
@@ -116,9 +126,9 @@ def install(folder: Path | None = None) -> Path:
     ``pip install`` runs this, so that ``import paddle`` alone finds every anychip device."""
     folder = default_root() if folder is None else folder
     files = root_files()
-    folder.mkdir(parents=True, exist_ok=True)
-    for stale in [p for p in folder.iterdir() if p.name.startswith(PREFIX) and p.name not in files]:
-        stale.unlink()
+    (folder / KERNELS).mkdir(parents=True, exist_ok=True)
+    for stale in _present(folder) - set(files):
+        (folder / stale).unlink()
     for name, content in files.items():
         _write_file(folder / name, content)
     return folder
@@ -144,7 +154,7 @@ def prepare() -> Path:
     if not root.exists():
         tmp = root.with_name(f"{digest}.tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        (tmp / KERNELS).mkdir(parents=True)
         for name, content in files.items():
             _write_file(tmp / name, content)
         try:

@@ -430,7 +430,7 @@ def test_a_broken_kernel_config_registers_nothing_says_why_and_leaves_paddle_wor
         from anychip import paddle_root
         root = Path({str(tmp_path)!r})
         paddle_root.install(root)
-        conf = root / "libanychip_xpu_kernels.so.conf"
+        conf = root / "kernels" / "libanychip_xpu_kernels.so.conf"
         conf.write_text(conf.read_text().replace("serve=add float32", "serve=add float33", 1))
         os.environ["CUSTOM_DEVICE_ROOT"] = str(root)
         import numpy as np

@@ -9,7 +9,9 @@
 //   library=/path/libanychip_sim.so the plugin's runtime library
 //   symbol=anychip_device_init      its entry point
 //   options=name=npu;devices=2;...  passed to the entry point
+// and, in the folder's kernels/ subfolder, the device's Paddle kernels (load_kernels).
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -247,6 +249,22 @@ bool load_device(std::string* error) {
   return true;
 }
 
+// The device's Paddle kernels: kernels/libanychip_<name>_kernels.so beside this library, if
+// there is one (see paddle_kernels/loader.cc). Loaded here rather than by Paddle from the folder
+// itself, because Paddle expects every library it finds there to be a runtime, and warns about
+// each that is not. Loaded now, so that its kernels are registered with this device's.
+void load_kernels() {
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&read_config), &info) == 0 || info.dli_fname == nullptr) return;
+  std::string self = info.dli_fname;
+  std::string path = self.substr(0, self.rfind('/') + 1) + "kernels/libanychip_" + g_name + "_kernels.so";
+  if (access(path.c_str(), F_OK) != 0) return;  // a device without base-op kernels
+  if (dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL) == nullptr) {
+    std::fprintf(stderr, "anychip[%s]: no Paddle kernels: cannot load %s: %s\n", g_name.c_str(), path.c_str(),
+                 dlerror());
+  }
+}
+
 }  // namespace
 
 // anychip.ops launches host-code kernels through the copy of this library that Paddle loaded
@@ -280,6 +298,7 @@ extern "C" __attribute__((visibility("default"))) void InitPlugin(CustomRuntimeP
   }
   params->device_type = const_cast<char*>(g_paddle_type.c_str());
   params->sub_device_type = const_cast<char*>(g_sub_type.c_str());
+  load_kernels();
 
   C_DeviceInterface* p = params->interface;
   std::memset(reinterpret_cast<char*>(p) + sizeof(p->size), 0, sizeof(*p) - sizeof(p->size));

@@ -8,7 +8,7 @@
 // called directly with the stream. One copy of the library serves one anychip device; which
 // device, and which plugin kernel serves each (base op, dtype), loader.cc reads from the
 // config beside the copy when Paddle loads it:
-//   g_device_name  the anychip device name; its bridge is libanychip_<name>.so beside this copy
+//   g_device_name  the anychip device name; its bridge is ../libanychip_<name>.so
 //   g_kernels      (base op, dtype) -> library, symbol, host_code of the plugin's kernel
 #pragma once
 
@@ -94,14 +94,15 @@ inline Resolved find(const char* op, phi::DataType dtype) {
   fail(std::string("no '") + op + "' kernel for " + phi::DataTypeToString(dtype));
 }
 
-// The device's bridge, which Paddle has already loaded from the folder this library is in.
+// The device's bridge, which Paddle has already loaded (and which loaded this library).
 inline BridgeLaunch bridge_launch() {
   static BridgeLaunch launch = [] {
     Dl_info info;
     if (dladdr(reinterpret_cast<void*>(&anychip_dtype), &info) == 0 || info.dli_fname == nullptr) {
       fail("cannot find the kernel library's own path");
     }
-    std::string path = info.dli_fname;
+    std::string path = info.dli_fname;  // <folder>/kernels/libanychip_<name>_kernels.so
+    path = path.substr(0, path.rfind('/'));
     path = path.substr(0, path.rfind('/') + 1) + "libanychip_" + g_device_name + ".so";
     void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
     if (lib == nullptr) fail("the device's Paddle bridge " + path + " is not loaded");
