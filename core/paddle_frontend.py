@@ -47,6 +47,9 @@ def import_paddle():
         os.environ.setdefault("FLAGS_use_stride_kernel", "0")
         if fallback.strict():
             os.environ["FLAGS_enable_api_kernel_fallback"] = "0"
+        # Started before the import, so that the filter also keeps Paddle's loading chatter about
+        # anychip's devices off the user's terminal.
+        _start_counting(registry().devices)
         with warnings.catch_warnings():
             # Paddle warns about ccache at import for its JIT extension builder, which anychip doesn't use.
             warnings.filterwarnings("ignore", message="No ccache found")
@@ -55,7 +58,8 @@ def import_paddle():
         # Paddle install, until anychip.set_device chooses.
         paddle.set_device("cpu")
     _loaded_types = frozenset(paddle.device.get_all_custom_device_type() or ())
-    _count_fallbacks(paddle)
+    if _start_counting({n: s for n, s in registry().devices.items() if s.paddle_type in _loaded_types}):
+        fallback.log_paddle_fallbacks(paddle)
     # Paddle's import pins its CPU ops to one thread (OMP_NUM_THREADS=1); give them the threads
     # anychip's kernels use, so a model mixing both runs neither half single-threaded.
     paddle.base.core.set_num_threads(num_threads())
@@ -84,14 +88,15 @@ def _adopt(paddle):
     return paddle
 
 
-def _count_fallbacks(paddle) -> None:
-    """Starts counting Paddle's CPU fallbacks on anychip devices (none to count in strict mode,
-    where a fallback is an error, or with no device)."""
-    names = {spec.paddle_type: name for name, spec in registry().devices.items()
-             if spec.paddle_type in _loaded_types}
-    if names and not fallback.strict():
-        fallback.start_monitor(names)
-        fallback.log_paddle_fallbacks(paddle)
+def _start_counting(devices: dict) -> bool:
+    """Starts counting Paddle's CPU fallbacks on ``devices`` (anychip name -> spec), unless
+    there is none with a Paddle type or strict mode makes a fallback an error; returns whether
+    counting is on (a second call finds it started)."""
+    names = {spec.paddle_type: name for name, spec in devices.items() if spec.paddle_type}
+    if not names or fallback.strict():
+        return False
+    fallback.start_monitor(names)
+    return True
 
 
 @functools.lru_cache(maxsize=None)

@@ -107,3 +107,30 @@ def test_a_command_package_that_fails_to_import_leaves_the_others_working(monkey
     assert {"devices", "ops", "generate", "chat", "models"} <= set(available)
     assert "command 'broken' is unavailable: ModuleNotFoundError" in capsys.readouterr().err
     assert cli.main(["ops"]) == 0
+
+
+def test_ops_paddle_lists_the_routed_paddle_kernels_per_device():
+    result = anychip("ops", "--paddle")
+    assert result.returncode == 0, result.stderr
+    for chip, paddle_type in (("xpu", "anychip_kunlun"), ("npu", "anychip_ascend"), ("gcu", "anychip_enflame"),
+                              ("dcu", "anychip_hygon")):
+        assert f"{chip} ({paddle_type}, simulated): " in result.stdout
+    npu = anychip("ops", "--paddle", "--device", "npu").stdout.splitlines()
+    count = int(npu[0].split(": ")[1].split()[0])
+    rows = {line.split()[0]: line.split()[1:] for line in npu[1:]}
+    assert len(rows) == count and "float32" in rows["add"] and "float32" in rows["matmul_grad"]
+    assert "custom_device_load" not in result.stderr and "init.cc" not in result.stderr  # Paddle's chatter kept out
+
+
+def test_ops_paddle_script_lists_what_a_script_fell_back_on(tmp_path):
+    script = tmp_path / "prog.py"
+    script.write_text("import numpy as np, paddle\n"
+                      "x = paddle.to_tensor(np.arange(6, dtype=np.float32))\n"
+                      "y = paddle.lgamma(x + 1) + paddle.exp(x)\n"  # lgamma has no device kernel
+                      "print(float(y.sum()))\n")
+    result = anychip("ops", "--paddle", "--device", "npu", "--script", str(script))
+    assert result.returncode == 0, result.stderr
+    assert f"{script} on npu: 1 Paddle kernel(s) fell back to the CPU" in result.stdout
+    assert "lgamma  float32   1 call(s)" in result.stdout
+    missing = anychip("ops", "--paddle", "--script", str(script))
+    assert missing.returncode != 0 and "--script needs --device" in missing.stderr
