@@ -141,21 +141,44 @@ class Checkpoint:
     source: Path
 
 
-def tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor a checkpoint of ``config`` holds: canonical name -> shape."""
+def _layer_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     c, f, d = config.hidden_size, config.intermediate_size, config.head_dim
     q, kv = config.num_heads * d, config.num_kv_heads * d
     layer = {"attn_norm": (c,), "q_proj": (q, c), "k_proj": (kv, c), "v_proj": (kv, c), "o_proj": (c, q),
              "ffn_norm": (c,), "gate_proj": (f, c), "up_proj": (f, c), "down_proj": (c, f)}
     if config.qkv_bias:
         layer.update(q_bias=(q,), k_bias=(kv,), v_bias=(kv,))
-    shapes = {"embed_tokens": (config.vocab_size, c)}
-    for i in range(config.num_layers):
-        shapes.update({f"layers.{i}.{key}": shape for key, shape in layer.items()})
-    shapes["norm"] = (c,)
+    return layer
+
+
+def _model_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    c = config.hidden_size
+    shapes = {"embed_tokens": (config.vocab_size, c), "norm": (c,)}
     if not config.tie_embeddings:
         shapes["lm_head"] = (config.vocab_size, c)
     return shapes
+
+
+def tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor a checkpoint of ``config`` holds: canonical name -> shape."""
+    layer = _layer_shapes(config)
+    shapes = {"embed_tokens": (config.vocab_size, config.hidden_size)}
+    for i in range(config.num_layers):
+        shapes.update({f"layers.{i}.{key}": shape for key, shape in layer.items()})
+    return shapes | _model_shapes(config)
+
+
+def tensor_shape(config: ModelConfig, name: str) -> tuple[int, ...] | None:
+    """The shape of canonical tensor ``name`` in a checkpoint of ``config``, None if it holds no
+    such tensor; without listing them all, which a config claiming billions of layers would
+    make endless (tensor_shapes is for configs whose tensors were read from a file)."""
+    kind, _, rest = name.partition(".")
+    index, _, key = rest.partition(".")
+    if kind == "layers":
+        if not index.isdigit() or str(int(index)) != index or int(index) >= config.num_layers:
+            return None
+        return _layer_shapes(config).get(key)
+    return _model_shapes(config).get(name)
 
 
 def load_checkpoint(path: str | Path, weights: str = "float") -> Checkpoint:

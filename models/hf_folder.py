@@ -237,17 +237,23 @@ def load_tensor(files: dict, name: str, shape: tuple, where) -> np.ndarray:
     return value
 
 
+def listed_config(config: ModelConfig, files: dict, folder: Path) -> ModelConfig:
+    """``config`` with as many layers as its tensors are worth listing: up to one past those the
+    safetensors ``files`` hold (a larger count fails at that layer's first tensor all the same,
+    without a hostile count, 2^32, listing billions of names first). Layers the files hold beyond
+    the config's count are an error: the config would drop them silently."""
+    present = {int(m.group(1)) for name in files if (m := LAYER_TENSOR.match(name))}
+    beyond = max((i for i in present if i >= config.num_layers), default=None)
+    if beyond is not None:
+        raise CheckpointError(f"{folder / 'config.json'}: num_hidden_layers is {config.num_layers}, but the "
+                              f"safetensors files hold tensors of layer {beyond} (model.layers.{beyond}.*)")
+    return replace(config, num_layers=min(config.num_layers, len(present) + 1))
+
+
 def load_hf_folder(folder: Path) -> Checkpoint:
     """Every tensor as float32 (the folder's weights are float already)."""
     config = read_config(folder)
     files = safetensors_files(folder)
-    present = {int(m.group(1)) for name in files if (m := LAYER_TENSOR.match(name))}
-    beyond = max((i for i in present if i >= config.num_layers), default=None)
-    if beyond is not None:  # layers the config would drop silently
-        raise CheckpointError(f"{folder / 'config.json'}: num_hidden_layers is {config.num_layers}, but the "
-                              f"safetensors files hold tensors of layer {beyond} (model.layers.{beyond}.*)")
-    # Tensors listed up to one layer past those the files hold: a larger count fails at that layer's
-    # first tensor all the same, without a hostile count (2^32) listing billions of names first.
-    listed = replace(config, num_layers=min(config.num_layers, len(present) + 1))
-    tensors = {name: load_tensor(files, name, shape, folder) for name, shape in tensor_shapes(listed).items()}
+    tensors = {name: load_tensor(files, name, shape, folder)
+               for name, shape in tensor_shapes(listed_config(config, files, folder)).items()}
     return Checkpoint(config=config, tensors=tensors, tokenizer=Tokenizer.from_hf_folder(folder), source=folder)

@@ -257,6 +257,19 @@ def test_bad_scheme_and_corrupt_json_name_the_file_and_tensor(tmp_path):
         load_quantized(path)
 
 
+def test_a_huge_layer_count_fails_at_the_first_missing_layer_instead_of_hanging(tmp_path):
+    path = copy_folder("wint8", tmp_path)
+    config = json.loads((path / "config.json").read_text())
+    layers = config["num_hidden_layers"]
+    (path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2**32 - 1}))
+    edit_quantization(path, lambda q: q["tensors"].update({"layers.4000000000.q_proj": {"scheme": "a8w8"}}))
+    with pytest.raises(CheckpointError, match=rf"tensor 'model\.layers\.{layers}\..*' \(layers\.{layers}\.\w+"
+                                              r"(, \w+)?\) is missing"):
+        load_checkpoint(path, weights="native")
+    with pytest.raises(CheckpointError, match=rf"tensor 'model\.layers\.{layers}\."):
+        load_checkpoint(path, weights="float")
+
+
 # ---- the model -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("scheme", SCHEMES)

@@ -34,9 +34,9 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save as st_save
 
-from ..checkpoint import Checkpoint, CheckpointError, ModelConfig, QuantWeight, W8A8Weight, tensor_shapes
+from ..checkpoint import Checkpoint, CheckpointError, ModelConfig, QuantWeight, W8A8Weight, tensor_shape, tensor_shapes
 from ..export import hf_metadata_files, write_model_folder
-from ..hf_folder import hf_name, load_tensor, read_config, safetensors_files
+from ..hf_folder import hf_name, listed_config, load_tensor, read_config, safetensors_files
 from ..tokenizer import Tokenizer
 
 FORMAT = "anychip-quant/1"
@@ -156,18 +156,19 @@ def read_quantization(folder) -> dict:
     entries = quant.get("tensors")
     if not isinstance(entries, dict):
         raise CheckpointError(f"{path}: tensors must be an object (canonical name -> scheme)")
-    shapes = tensor_shapes(read_config(folder))
+    config = read_config(folder)
     for name, entry in entries.items():
         where = f"{path}: tensor {name!r}"
-        if name not in shapes:
+        shape = tensor_shape(config, name)
+        if shape is None:
             raise CheckpointError(f"{where} is not a tensor of this model (config.json)")
-        if len(shapes[name]) != 2:
-            raise CheckpointError(f"{where} is {list(shapes[name])}: only [N, K] weights can be quantized")
+        if len(shape) != 2:
+            raise CheckpointError(f"{where} is {list(shape)}: only [N, K] weights can be quantized")
         if not isinstance(entry, dict) or entry.get("scheme") not in SCHEMES:
             scheme = entry.get("scheme") if isinstance(entry, dict) else entry
             raise CheckpointError(f"{where} has unknown scheme {scheme!r} (known: {', '.join(SCHEMES)})")
         if entry["scheme"] == "weight_only":
-            k = shapes[name][1]
+            k = shape[1]
             bits, group_size, offsets = entry.get("bits"), entry.get("group_size", -1), entry.get("offsets", False)
             if bits not in (4, 8):
                 raise CheckpointError(f"{where}: bits must be 4 or 8, got {bits!r}")
@@ -211,7 +212,7 @@ def load_quantized(folder, dequantize: bool = False) -> Checkpoint:
     index = folder / "model.safetensors.index.json"
     where = index if index.is_file() else ", ".join(sorted({str(f.path) for f in files.values()})) or folder
     tensors = {}
-    for name, shape in tensor_shapes(config).items():
+    for name, shape in tensor_shapes(listed_config(config, files, folder)).items():
         file_name, entry = hf_name(name), entries.get(name)
         if entry is None:
             tensors[name] = load_tensor(files, name, shape, where)
