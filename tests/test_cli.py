@@ -20,6 +20,9 @@ def test_devices_lists_every_builtin_with_an_honest_status():
     for chip in ("xpu", "npu", "gcu", "dcu"):
         assert f"{chip}: " in result.stdout and "running on the simulator" in result.stdout
     assert "(simulated)" in result.stdout
+    # pip install put them in Paddle's own folder, so a plain `import paddle` has them too
+    assert "paddle: `import paddle` loads these devices from " in result.stdout
+    assert result.stdout.rstrip().endswith("paddle_custom_device")
 
 
 def test_devices_json_and_device_filter():

@@ -36,4 +36,23 @@ def run(args) -> int:
         print()
         for name, reason in notes:
             print(reason if reason.startswith(f"{name}:") else f"{name}: {reason}")
+    if not args.device:
+        print()
+        print(_paddle_folder())
     return 0
+
+
+def _paddle_folder() -> str:
+    """Whether a plain `import paddle` gets the devices above: the state of Paddle's own
+    CustomDevice folder, which pip install writes."""
+    from .. import paddle_root
+
+    try:
+        folder = paddle_root.default_root()
+        current = paddle_root.holds(folder, paddle_root.root_files())
+    except (OSError, RuntimeError) as exc:
+        return f"paddle: its CustomDevice folder cannot be checked: {exc}"
+    if current:
+        return f"paddle: `import paddle` loads these devices from {folder}"
+    return (f"paddle: the CustomDevice folder {folder} does not hold these devices as they are now; a script "
+            "importing paddle before anychip misses the difference: run `python -m anychip.paddle_root`")
