@@ -20,9 +20,6 @@ def test_devices_lists_every_builtin_with_an_honest_status():
     for chip in ("xpu", "npu", "gcu", "dcu"):
         assert f"{chip}: " in result.stdout and "running on the simulator" in result.stdout
     assert "(simulated)" in result.stdout
-    # pip install put them in Paddle's own folder, so a plain `import paddle` has them too
-    assert "paddle: `import paddle` loads these devices from " in result.stdout
-    assert result.stdout.rstrip().endswith("paddle_custom_device")
 
 
 def test_devices_json_and_device_filter():
@@ -137,3 +134,17 @@ def test_ops_paddle_script_lists_what_a_script_fell_back_on(tmp_path):
     assert "lgamma  float32   1 call(s)" in result.stdout
     missing = anychip("ops", "--paddle", "--script", str(script))
     assert missing.returncode != 0 and "--script needs --device" in missing.stderr
+
+
+def test_devices_says_whether_a_plain_import_paddle_gets_them():
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "ANYCHIP_SIM_CHECK"}
+    result = anychip("devices", env=env)
+    # pip install put them in Paddle's own folder, so a plain `import paddle` has them too
+    assert "paddle: `import paddle` loads these devices from " in result.stdout, result.stdout
+    assert result.stdout.rstrip().endswith("paddle_custom_device")
+    # the simulator's memory checking changes the devices' options: not what pip install wrote
+    checked = anychip("devices", env={**env, "ANYCHIP_SIM_CHECK": "1"})
+    assert "does not hold these devices as they are now" in checked.stdout
+    assert "python -m anychip.paddle_root" in checked.stdout
