@@ -75,7 +75,11 @@ def install_paddle_devices(build_dir: Path) -> None:
     print("anychip: building the built-in chips' generated kernels and installing their Paddle CustomDevices",
           file=sys.stderr, flush=True)
     dirs = {package: str(ROOT / folder) for package, folder in PACKAGE_DIRS.items()}
-    subprocess.check_call([sys.executable, "-c", _FROM_SOURCE.format(dirs=dirs)], env=env)
+    if subprocess.call([sys.executable, "-c", _FROM_SOURCE.format(dirs=dirs)], env=env) != 0:
+        # Not fatal: anychip still registers its devices when it imports Paddle itself.
+        print("anychip: WARNING: Paddle's CustomDevice folder was not written (see above): `import paddle` "
+              "before `import anychip` will not find anychip's devices; `python -m anychip.paddle_root` retries",
+              file=sys.stderr, flush=True)
 
 
 class CMakeBuild(build_ext):
