@@ -73,7 +73,7 @@ def _adopt(paddle):
     CustomDevice folder held at import (``place`` refuses one it lacks)."""
     global _root
     _root = Path(os.environ.get("CUSTOM_DEVICE_ROOT") or paddle_root.default_root())
-    flags = {"FLAGS_use_stride_kernel": False}  # as above; settable until a kernel has run
+    flags = {"FLAGS_use_stride_kernel": False}  # as above (views made before this call stay strided)
     if fallback.strict():
         flags["FLAGS_enable_api_kernel_fallback"] = False
     paddle.set_flags(flags)
