@@ -200,3 +200,18 @@ def numpy_forward(kind: str, params: dict, ids: np.ndarray) -> np.ndarray:
     for i in range(CONFIG["layers"]):
         h = _np_block(p, f"blocks.{i}", h, bias, CONFIG["heads"])
     return _np_layer_norm(h, p["ln_f.weight"], p["ln_f.bias"]) @ table.T
+
+
+def forward_errors(seed: int = 1) -> dict[str, float]:
+    """The largest |logit| difference between each decoder's Paddle forward and numpy_forward
+    on the same weights (random init from ``seed``, random ids)."""
+    errors = {}
+    for kind, model_class in (("gpt2", GPT2), ("bloom", Bloom)):
+        paddle.seed(seed)
+        model = model_class(**CONFIG)
+        model.eval()
+        ids = np.random.default_rng(seed).integers(0, CONFIG["vocab"], (2, 7))
+        got = model(paddle.to_tensor(ids)).numpy().astype(np.float64)
+        params = {k: v.numpy() for k, v in model.state_dict().items()}
+        errors[kind] = float(np.abs(got - numpy_forward(kind, params, ids)).max())
+    return errors
