@@ -122,6 +122,8 @@ def _issue37_kernels() -> list[PaddleKernel]:
     table += [
         PaddleKernel("fill", "FillKernel", ("fill",)),
         PaddleKernel("slice_grad", "SliceGradKernel", ("fill", "copy")),
+        PaddleKernel("strided_slice", "StridedSliceKernel", ("copy",)),
+        PaddleKernel("strided_slice_grad", "StridedSliceGradKernel", ("fill", "copy")),
         PaddleKernel("tile_grad", "TileGradKernel", ("sum", "copy")),
         PaddleKernel("expand_grad", "ExpandGradKernel", ("sum", "copy")),
         PaddleKernel("expand_as_grad", "ExpandAsGradKernel", ("sum", "copy")),
@@ -201,6 +203,18 @@ def _issue37_kernels() -> list[PaddleKernel]:
                      fixed=_f32("cast", "copy", "scale", "add", "multiply", "sqrt", "divide", "subtract", "fill")),
         PaddleKernel("sgd", "SGDDenseKernel", ("cast",), _ALL_INPUTS.format(1),
                      fixed=_f32("cast", "copy", "scale", "subtract")),
+        PaddleKernel("adam", "AdamDenseKernel", ("cast",),
+                     " ".join(_ALL_INPUTS.format(i) for i in (2, 6, 7, 9)),
+                     fixed=_f32("cast", "copy", "scale", "add", "multiply", "sqrt", "divide", "subtract", "fill")),
+        *(PaddleKernel(op, f"Reduce{cls}GradKernel", ("equal", "fill", "where", "sum", "copy", "multiply", "divide"))
+          for op, cls in [("max_grad", "Max"), ("min_grad", "Min")]),
+        # index [..., k] rows of x's first k dimensions, as int64 row offsets
+        PaddleKernel("gather_nd", "GatherNdKernel", ("copy", "embedding"), fixed=_i64("fill", "multiply", "add")),
+        PaddleKernel("gather_nd_grad", "GatherNdGradKernel", ("copy", "embedding_grad"),
+                     fixed=_i64("fill", "multiply", "add")),
+        PaddleKernel("scatter_nd_add", "ScatterNdAddKernel", ("copy", "embedding_grad", "add"),
+                     fixed=_i64("fill", "multiply", "add")),
+        PaddleKernel("index_add", "IndexAddKernel", ("copy", "embedding_grad", "add")),
     ]
     return table
 

@@ -2482,4 +2482,187 @@ void SGDDenseKernel(const Context& c, const DenseTensor& param, const DenseTenso
   if (master) store_as(c, p_new, master_param_out, kF32);
 }
 
+
+// Adam: AdamW without the decoupled decay.
+template <typename T, typename Context>
+void AdamDenseKernel(const Context& c, const DenseTensor& param, const DenseTensor& grad,
+                     const DenseTensor& learning_rate, const DenseTensor& moment1, const DenseTensor& moment2,
+                     const paddle::optional<DenseTensor>& moment2_max, const DenseTensor& beta1_pow,
+                     const DenseTensor& beta2_pow, const paddle::optional<DenseTensor>& master_param,
+                     const paddle::optional<DenseTensor>& skip_update, const phi::Scalar& beta1,
+                     const phi::Scalar& beta2, const phi::Scalar& epsilon, bool lazy_mode,
+                     int64_t min_row_size_to_use_multithread, bool multi_precision, bool use_global_beta_pow,
+                     bool amsgrad, DenseTensor* param_out, DenseTensor* moment1_out, DenseTensor* moment2_out,
+                     DenseTensor* moment2_max_out, DenseTensor* beta1_pow_out, DenseTensor* beta2_pow_out,
+                     DenseTensor* master_param_outs) {
+  AdamwDenseKernel<T>(c, param, grad, learning_rate, moment1, moment2, moment2_max, beta1_pow, beta2_pow,
+                      master_param, skip_update, beta1, beta2, epsilon, 1.0f, 0.0f, false, lazy_mode,
+                      min_row_size_to_use_multithread, multi_precision, use_global_beta_pow, amsgrad, param_out,
+                      moment1_out, moment2_out, moment2_max_out, beta1_pow_out, beta2_pow_out, master_param_outs);
+}
+
+// ---- reductions' gradients ----
+
+// `t` (a reduction's result, keepdim or not) seen at x's rank: stride 0 on the reduced dims.
+template <typename Context>
+AnychipTensor spread(const Context& c, const DenseTensor& t, const phi::DDim& x_dims, const std::vector<bool>& reduced,
+                     DenseTensor* storage) {
+  AnychipTensor g = dense(c, t, storage);
+  int rank = x_dims.size();
+  g.rank = rank;
+  int64_t stride = 1;
+  for (int i = rank - 1; i >= 0; --i) {
+    g.shape[i] = x_dims[i];
+    g.strides[i] = reduced[i] ? 0 : stride;
+    if (!reduced[i]) stride *= x_dims[i];
+  }
+  return g;
+}
+
+inline std::vector<bool> reduced_dims(const phi::IntArray& dims, int rank, bool reduce_all) {
+  std::vector<double> attrs = reduce_attrs(dims, rank, true);
+  std::vector<bool> reduced(rank, reduce_all || attrs[1] == 0);
+  for (size_t k = 2; k < attrs.size(); ++k) reduced[static_cast<int>(attrs[k])] = true;
+  return reduced;
+}
+
+// dx = dout * (x == out) / (how many elements tie for the extreme): Paddle splits ties.
+template <typename T, typename Context>
+void extreme_grad(const Context& c, const DenseTensor& x, const DenseTensor& out, const DenseTensor& out_grad,
+                  const phi::IntArray& dims, bool reduce_all, DenseTensor* x_grad) {
+  c.template Alloc<T>(x_grad);
+  const phi::DDim& xd = x.dims();
+  std::vector<bool> reduced = reduced_dims(dims, xd.size(), reduce_all);
+  DenseTensor out_storage, grad_storage;
+  AnychipTensor o = spread(c, out, xd, reduced, &out_storage), g = spread(c, out_grad, xd, reduced, &grad_storage);
+  DenseTensor hit = compare<T>(c, "equal", describe(x), o, xd);
+  DenseTensor one = constant(c, 1.0, dtype_of<T>()), zero = constant(c, 0.0, dtype_of<T>());
+  DenseTensor m = masked<T>(c, hit, broadcast(one, xd), broadcast(zero, xd), xd);
+  std::vector<double> attrs{1.0, 0.0};
+  std::vector<int64_t> kept;
+  for (int i = 0; i < xd.size(); ++i) {
+    if (reduced[i]) attrs.push_back(i);
+    kept.push_back(reduced[i] ? 1 : xd[i]);
+  }
+  attrs[1] = static_cast<double>(attrs.size() - 2);
+  DenseTensor count = temporary<T>(c, common::make_ddim(kept));
+  if (attrs.size() == 2) {
+    launch(c, "copy", dtype_of<T>(), {describe(m)}, {describe(count)});
+  } else {
+    launch(c, "sum", dtype_of<T>(), {describe(m)}, {describe(count)}, attrs);
+  }
+  DenseTensor share = times<T>(c, g, describe(m), xd);
+  launch(c, "divide", dtype_of<T>(), {describe(share), broadcast(count, xd)}, {describe(*x_grad)});
+}
+
+template <typename T, typename Context>
+void ReduceMaxGradKernel(const Context& c, const DenseTensor& x, const DenseTensor& out, const DenseTensor& out_grad,
+                         const phi::IntArray& dims, bool, bool reduce_all, DenseTensor* x_grad) {
+  extreme_grad<T>(c, x, out, out_grad, dims, reduce_all, x_grad);
+}
+
+template <typename T, typename Context>
+void ReduceMinGradKernel(const Context& c, const DenseTensor& x, const DenseTensor& out, const DenseTensor& out_grad,
+                         const phi::IntArray& dims, bool, bool reduce_all, DenseTensor* x_grad) {
+  extreme_grad<T>(c, x, out, out_grad, dims, reduce_all, x_grad);
+}
+
+// ---- n-d gathers and scatters: index [..., k] addresses x's first k dimensions ----
+
+struct NdRows {
+  DenseTensor offsets;   // int64, index's batch shape: the row of x's [prefix, rest] view
+  int64_t prefix, rest;  // rows (x's first k dims) and their length (the other dims)
+  int64_t count;         // index's batch size
+};
+
+template <typename Context>
+NdRows nd_rows(const Context& c, const DenseTensor& index, const phi::DDim& x_dims) {
+  const phi::DDim& id = index.dims();
+  if (id.size() < 1) fail("the index must have rank 1 or more, its last dimension indexing x");
+  int64_t k = id[id.size() - 1];
+  if (k > x_dims.size()) fail("the index's last dimension (" + std::to_string(k) + ") exceeds x's rank");
+  NdRows r{DenseTensor(), 1, 1, 1};
+  for (int i = 0; i < x_dims.size(); ++i) (i < k ? r.prefix : r.rest) *= x_dims[i];
+  std::vector<int64_t> batch(id.Get(), id.Get() + id.size() - 1);
+  for (int64_t b : batch) r.count *= b;
+  phi::DDim bd = common::make_ddim(std::vector<int64_t>{r.count});
+  r.offsets = temporary(c, bd, kI64);
+  launch(c, "fill", kI64, {}, {describe(r.offsets)}, {0.0});
+  DenseTensor storage;
+  AnychipTensor ids = reshaped(int64_index(c, index, &storage), {r.count, k});
+  int64_t stride = 1;
+  for (int64_t j = k - 1; j >= 0; --j) {
+    DenseTensor s = constant(c, static_cast<double>(stride), kI64);
+    AnychipTensor column = drop_dim(narrow(ids, 1, j, 1), 1);
+    DenseTensor part = apply(c, "multiply", kI64, {column, broadcast(s, bd)}, bd, kI64);
+    r.offsets = apply(c, "add", kI64, {describe(r.offsets), describe(part)}, bd, kI64);
+    stride *= x_dims[static_cast<int>(j)];
+  }
+  return r;
+}
+
+template <typename T, typename Context>
+void GatherNdKernel(const Context& c, const DenseTensor& x, const DenseTensor& index, DenseTensor* out) {
+  c.template Alloc<T>(out);
+  if (out->numel() == 0) return;
+  NdRows r = nd_rows(c, index, x.dims());
+  DenseTensor storage;
+  AnychipTensor table = reshaped(dense(c, x, &storage), {r.prefix, r.rest});
+  launch(c, "embedding", dtype_of<T>(), {describe(r.offsets), table}, {reshaped(*out, {r.count, r.rest})}, {-1.0});
+}
+
+template <typename T, typename Context>
+void GatherNdGradKernel(const Context& c, const DenseTensor& x, const DenseTensor& index, const DenseTensor& out_grad,
+                        DenseTensor* x_grad) {
+  c.template Alloc<T>(x_grad);
+  NdRows r = nd_rows(c, index, x.dims());
+  DenseTensor storage;
+  launch(c, "embedding_grad", dtype_of<T>(), {describe(r.offsets), reshaped(dense(c, out_grad, &storage), {r.count, r.rest})},
+         {reshaped(*x_grad, {r.prefix, r.rest})}, {-1.0});
+}
+
+// out = x + the updates summed into the rows they address
+template <typename T, typename Context>
+void ScatterNdAddKernel(const Context& c, const DenseTensor& x, const DenseTensor& index, const DenseTensor& updates,
+                        DenseTensor* out) {
+  c.template Alloc<T>(out);
+  NdRows r = nd_rows(c, index, x.dims());
+  DenseTensor added = temporary<T>(c, x.dims()), storage;
+  launch(c, "embedding_grad", dtype_of<T>(), {describe(r.offsets), reshaped(dense(c, updates, &storage), {r.count, r.rest})},
+         {reshaped(added, {r.prefix, r.rest})}, {-1.0});
+  launch(c, "add", dtype_of<T>(), {describe(x), describe(added)}, {describe(*out)});
+}
+
+// out = x + add_value's slices summed at index along axis
+template <typename T, typename Context>
+void IndexAddKernel(const Context& c, const DenseTensor& x, const DenseTensor& index, const DenseTensor& add_value,
+                    int axis, DenseTensor* output) {
+  c.template Alloc<T>(output);
+  DenseTensor added = temporary<T>(c, x.dims());
+  scatter_add<T>(c, index, add_value, axis, &added);
+  launch(c, "add", dtype_of<T>(), {describe(x), describe(added)}, {describe(*output)});
+}
+
+// x[starts:ends:strides] along axes (Python's rules for negative and out-of-range bounds)
+template <typename T, typename Context>
+void StridedSliceKernel(const Context& c, const DenseTensor& x, const std::vector<int>& axes,
+                        const phi::IntArray& starts, const phi::IntArray& ends, const phi::IntArray& strides,
+                        DenseTensor* out) {
+  c.template Alloc<T>(out);
+  std::vector<int64_t> a(axes.begin(), axes.end());
+  AnychipTensor view = sliced(describe(x), a, starts.GetData(), ends.GetData(), strides.GetData());
+  launch(c, "copy", dtype_of<T>(), {view}, {reshaped(*out, shape_of(view))});
+}
+
+template <typename T, typename Context>
+void StridedSliceGradKernel(const Context& c, const DenseTensor&, const DenseTensor& out_grad,
+                            const std::vector<int>& axes, const phi::IntArray& starts, const phi::IntArray& ends,
+                            const phi::IntArray& strides, DenseTensor* x_grad) {
+  fill<T>(c, phi::Scalar(0.0), x_grad);
+  std::vector<int64_t> a(axes.begin(), axes.end());
+  AnychipTensor view = sliced(describe(*x_grad), a, starts.GetData(), ends.GetData(), strides.GetData());
+  DenseTensor storage;
+  launch(c, "copy", dtype_of<T>(), {reshaped(dense(c, out_grad, &storage), shape_of(view))}, {view});
+}
+
 }  // namespace anychip_pk
