@@ -91,7 +91,132 @@ def _kernels() -> tuple[PaddleKernel, ...]:
         PaddleKernel("cross_entropy_with_softmax_grad", "CrossEntropyWithSoftmaxGradKernel",
                      ("cross_entropy_with_softmax_grad",)),
     ]
+    table += _issue37_kernels()
     return tuple(table)
+
+
+def _i64(*ops: str) -> tuple[tuple[str, str], ...]:
+    return tuple((op, "int64") for op in ops)
+
+
+def _f32(*ops: str) -> tuple[tuple[str, str], ...]:
+    return tuple((op, "float32") for op in ops)
+
+
+_ALL_INPUTS = "kernel->InputAt({}).SetBackend(phi::Backend::ALL_BACKEND);"
+_TRIANGLE = _i64("arange", "subtract", "less_equal", "greater_equal", "fill")
+_POSITIONS = _f32("arange", "fill", "where", "scale", "max", "equal", "cast")
+_OFFSETS = _i64("fill", "arange", "multiply", "add")
+_RANDOM = _f32("scale", "cast")
+
+
+def _issue37_kernels() -> list[PaddleKernel]:
+    """Issue 37's kernels: what PaddleNLP's model families and their training reach, each a
+    composition of base ops (see wrappers.h for each one's formula)."""
+    copies = [("squeeze", "Squeeze"), ("squeeze_grad", "SqueezeGrad"), ("unsqueeze_grad", "UnsqueezeGrad"),
+              ("reshape", "Reshape"), ("reshape_grad", "ReshapeGrad"), ("flatten", "Flatten"),
+              ("flatten_grad", "FlattenGrad"), ("assign", "Assign"), ("contiguous", "Contiguous"),
+              ("strided_copy", "StridedCopy"), ("tile", "Tile"), ("flip", "Flip"), ("roll", "Roll"),
+              ("roll_grad", "RollGrad"), ("stack", "Stack"), ("stack_grad", "StackGrad"), ("expand_as", "ExpandAs")]
+    table = [PaddleKernel(op, f"{cls}Kernel", ("copy",)) for op, cls in copies]
+    table += [
+        PaddleKernel("fill", "FillKernel", ("fill",)),
+        PaddleKernel("slice_grad", "SliceGradKernel", ("fill", "copy")),
+        PaddleKernel("strided_slice", "StridedSliceKernel", ("copy",)),
+        PaddleKernel("strided_slice_grad", "StridedSliceGradKernel", ("fill", "copy")),
+        PaddleKernel("tile_grad", "TileGradKernel", ("sum", "copy")),
+        PaddleKernel("expand_grad", "ExpandGradKernel", ("sum", "copy")),
+        PaddleKernel("expand_as_grad", "ExpandAsGradKernel", ("sum", "copy")),
+        *(PaddleKernel(op, f"{cls}Kernel", ("where", "fill"), fixed=_TRIANGLE)
+          for op, cls in [("tril", "Tril"), ("triu", "Triu"), ("tril_grad", "TrilGrad"), ("triu_grad", "TriuGrad"),
+                          ("eye", "Eye")]),
+        PaddleKernel("one_hot", "OneHotKernel", ("cast",), "kernel->OutputAt(0).SetDataType(phi::DataType::FLOAT32);",
+                     fixed=_i64("arange", "equal") + (("cast", "bool"),)),
+        # start, end and step are read on the host: Paddle must not move them first
+        PaddleKernel("arange_tensor", "ArangeTensorKernel", ("arange",),
+                     " ".join(_ALL_INPUTS.format(i) for i in range(3))),
+        PaddleKernel("isnan", "IsnanKernel", ("not_equal",), _BOOL_OUTPUT),
+        PaddleKernel("isinf", "IsinfKernel", ("abs", "equal", "fill"), _BOOL_OUTPUT),
+        PaddleKernel("isfinite", "IsfiniteKernel", ("subtract", "equal", "fill"), _BOOL_OUTPUT),
+        *(PaddleKernel(op, f"{cls}Kernel", ("cast",), _BOOL_OUTPUT, fixed=(("where", "bool"), ("fill", "bool")))
+          for op, cls in [("logical_and", "LogicalAnd"), ("logical_or", "LogicalOr"), ("logical_xor", "LogicalXor"),
+                          ("logical_not", "LogicalNot")]),
+        PaddleKernel("exp_grad", "ExpGradKernel", ("multiply",)),
+        PaddleKernel("tanh_grad", "TanhGradKernel", ("multiply", "scale")),
+        PaddleKernel("sigmoid_grad", "SigmoidGradKernel", ("multiply", "scale")),
+        PaddleKernel("sqrt_grad", "SqrtGradKernel", ("scale", "divide")),
+        PaddleKernel("rsqrt_grad", "RsqrtGradKernel", ("scale", "multiply")),
+        PaddleKernel("log_grad", "LogGradKernel", ("fill", "divide", "multiply")),
+        PaddleKernel("abs_grad", "AbsGradKernel", ("fill", "scale", "less_than", "greater_than", "where")),
+        PaddleKernel("silu_grad", "SiluGradKernel", ("sigmoid", "scale", "multiply")),
+        PaddleKernel("pow_grad", "PowGradKernel", ("scale", "pow", "multiply")),
+        PaddleKernel("square", "SquareKernel", ("multiply",)),
+        PaddleKernel("square_grad", "SquareGradKernel", ("scale", "multiply")),
+        PaddleKernel("reciprocal", "ReciprocalKernel", ("fill", "divide")),
+        PaddleKernel("reciprocal_grad", "ReciprocalGradKernel", ("scale", "multiply")),
+        PaddleKernel("sign", "SignKernel", ("fill", "less_than", "greater_than", "where")),
+        PaddleKernel("relu", "ReluKernel", ("fill", "greater_than", "where")),
+        PaddleKernel("relu_grad", "ReluGradKernel", ("fill", "greater_than", "where")),
+        PaddleKernel("leaky_relu", "LeakyReluKernel", ("fill", "greater_than", "scale", "where")),
+        PaddleKernel("leaky_relu_grad", "LeakyReluGradKernel", ("fill", "greater_than", "scale", "where")),
+        *(PaddleKernel(op, f"{cls}Kernel", ("abs", "scale", "fill", "divide", "multiply", "subtract", "exp", "less_than",
+                                            "where", "add", "tanh"))
+          for op, cls in [("gelu", "Gelu"), ("gelu_grad", "GeluGrad")]),
+        *(PaddleKernel(op, f"{cls}Kernel", ("fill", "scale", "equal", "greater_than", "less_than", "where", "sum",
+                                            "copy"))
+          for op, cls in [("maximum_grad", "MaximumGrad"), ("minimum_grad", "MinimumGrad")]),
+        PaddleKernel("where_grad", "WhereGradKernel", ("fill", "where", "sum", "copy")),
+        PaddleKernel("clip", "ClipKernel", ("fill", "maximum", "minimum")),
+        PaddleKernel("clip_grad", "ClipGradKernel", ("fill", "greater_equal", "less_equal", "where")),
+        PaddleKernel("mean_all", "MeanAllKernel", ("mean",)),
+        PaddleKernel("mean_all_grad", "MeanAllGradKernel", ("fill", "divide", "copy")),
+        PaddleKernel("mean_grad", "MeanGradKernel", ("fill", "divide", "copy")),
+        PaddleKernel("min", "MinKernel", ("scale", "max")),
+        PaddleKernel("logsumexp", "LogsumexpKernel", ("max", "subtract", "exp", "sum", "log", "add")),
+        *(PaddleKernel(op, f"{cls}Kernel", ("cast",), _BOOL_OUTPUT,
+                       fixed=_f32("fill", "not_equal", "max", "scale", "cast") + (("cast", "bool"),))
+          for op, cls in [("any", "Any"), ("all", "All")]),
+        PaddleKernel("log_softmax", "LogSoftmaxKernel", ("fill", "max", "subtract", "exp", "sum", "log")),
+        PaddleKernel("log_softmax_grad", "LogSoftmaxGradKernel", ("fill", "sum", "exp", "multiply", "subtract")),
+        # mean and variance are float32 (Paddle's LayerNormParamType for 16-bit x) or x's dtype
+        PaddleKernel("layer_norm", "LayerNormKernel",
+                     ("copy", "mean", "subtract", "multiply", "scale", "rsqrt", "fill", "add", "cast")),
+        PaddleKernel("layer_norm_grad", "LayerNormGradKernel",
+                     ("copy", "cast", "scale", "rsqrt", "subtract", "multiply", "sum", "mean", "fill"),
+                     fixed=_f32("cast")),
+        PaddleKernel("uniform", "UniformKernel", ("cast",), fixed=_RANDOM),
+        PaddleKernel("gaussian", "GaussianKernel", ("cast",), fixed=_RANDOM),
+        PaddleKernel("randint", "RandintKernel", ("copy",), fixed=(("copy", "int64"), ("copy", "int32"))),
+        PaddleKernel("dropout", "DropoutRawKernel", ("fill", "copy", "multiply", "divide", "where"),
+                     fixed=(("copy", "bool"),)),
+        PaddleKernel("dropout_grad", "DropoutGradRawKernel", ("fill", "copy", "multiply", "divide", "where")),
+        *(PaddleKernel(op, f"{cls}Kernel", ("copy", "scale", "max", "equal", "where"), fixed=_POSITIONS)
+          for op, cls in [("topk", "Topk"), ("argsort", "Argsort"), ("argmax", "ArgMax"), ("argmin", "ArgMin")]),
+        *(PaddleKernel(op, f"{cls}Kernel", ("embedding_grad", "copy", "fill"), fixed=_OFFSETS + (("cast", "int32"),))
+          for op, cls in [("take_along_axis_grad", "TakeAlongAxisGrad"), ("topk_grad", "TopkGrad"),
+                          ("argsort_grad", "ArgsortGrad")]),
+        *(PaddleKernel(op, f"{cls}Kernel", ("copy", "where", "fill", "matmul"), fixed=_TRIANGLE)
+          for op, cls in [("cumsum", "Cumsum"), ("cumsum_grad", "CumsumGrad")]),
+        # the learning rate and the beta powers are read on the host, where Paddle may keep them
+        PaddleKernel("adamw", "AdamwDenseKernel", ("cast",),
+                     " ".join(_ALL_INPUTS.format(i) for i in (2, 6, 7, 9)),
+                     fixed=_f32("cast", "copy", "scale", "add", "multiply", "sqrt", "divide", "subtract", "fill")),
+        PaddleKernel("sgd", "SGDDenseKernel", ("cast",), _ALL_INPUTS.format(1),
+                     fixed=_f32("cast", "copy", "scale", "subtract")),
+        PaddleKernel("adam", "AdamDenseKernel", ("cast",),
+                     " ".join(_ALL_INPUTS.format(i) for i in (2, 6, 7, 9)),
+                     fixed=_f32("cast", "copy", "scale", "add", "multiply", "sqrt", "divide", "subtract", "fill")),
+        *(PaddleKernel(op, f"Reduce{cls}GradKernel", ("equal", "fill", "where", "sum", "copy", "multiply", "divide"))
+          for op, cls in [("max_grad", "Max"), ("min_grad", "Min")]),
+        # index [..., k] rows of x's first k dimensions, as int64 row offsets
+        PaddleKernel("gather_nd", "GatherNdKernel", ("copy", "embedding"), fixed=_i64("fill", "multiply", "add")),
+        PaddleKernel("gather_nd_grad", "GatherNdGradKernel", ("copy", "embedding_grad"),
+                     fixed=_i64("fill", "multiply", "add")),
+        PaddleKernel("scatter_nd_add", "ScatterNdAddKernel", ("copy", "embedding_grad", "add"),
+                     fixed=_i64("fill", "multiply", "add")),
+        PaddleKernel("index_add", "IndexAddKernel", ("copy", "embedding_grad", "add")),
+    ]
+    return table
 
 
 PADDLE_KERNELS = _kernels()

@@ -618,3 +618,157 @@ def test_bridge_serves_the_copies_gathers_and_losses_a_llama_needs():
     assert run_on_xpu(None, body, env=env) == {}
     out = run_on_xpu(None, _BRIDGE_BACKWARD, env=env)
     assert {k for k, ok in out.items() if not ok} == set()
+
+
+# ---- issue 37: the kernels composed for PaddleNLP's models, against Paddle's own CPU kernels ----
+# Each expression runs twice in one process under strict mode: on xpu tensors (a missing or
+# failing wrapper raises) and on CPU tensors (Paddle's reference semantics: axes, ties, keepdim,
+# int64 indices). The random ops run after the same paddle.seed on both, so they must draw alike.
+
+_COMPOSED_INPUTS = """
+    F = paddle.nn.functional
+    rng = np.random.default_rng(3)
+    arrays = dict(
+        x=rng.standard_normal((2, 3, 4)).astype(np.float32),
+        y=rng.standard_normal((3, 1)).astype(np.float32),
+        c=rng.uniform(0.5, 2.0, (2, 3, 4)).astype(np.float32),
+        v=rng.standard_normal(4).astype(np.float32),
+        m=rng.standard_normal((4, 5)).astype(np.float32),
+        z=np.array([[0.0, np.inf, -np.inf, np.nan, 1.0]], np.float32),
+        t=np.array([[1.0, 3.0, 3.0, -1.0, 3.0]], np.float32),
+        ids=np.array([[3, 0], [4, 1]], np.int64),
+        nd=np.array([[1, 2], [0, 0], [1, 2]], np.int64),
+        upd=rng.standard_normal((3, 4)).astype(np.float32),
+        idx=np.array([2, 0, 2], np.int64),
+        xs=rng.standard_normal((2, 3, 4)).astype(np.float32),
+        tidx=np.array([[[0], [3], [3]], [[1], [1], [2]]], np.int64),  # repeated: the grad adds
+    )
+    arrays["y"][1, 0] = arrays["x"][0, 1, 2]  # a tie for maximum/minimum
+    DEV = paddle.device.get_device()
+
+    def tensors(place):
+        return {k: paddle.to_tensor(v, place=place) for k, v in arrays.items()}
+
+    def both(fn):
+        got = fn(**tensors(paddle.CustomPlace(DEV.split(":")[0], 0)))
+        paddle.set_device("cpu")
+        try:
+            want = fn(**tensors(paddle.CPUPlace()))
+        finally:
+            paddle.set_device(DEV)
+        return got, want
+
+    def compare(got, want, tol):
+        got = got if isinstance(got, (list, tuple)) else [got]
+        want = want if isinstance(want, (list, tuple)) else [want]
+        for g, w in zip(got, want):
+            g, w = g.numpy(), w.numpy()
+            if g.shape != w.shape or g.dtype != w.dtype or not np.allclose(g, w, rtol=tol, atol=tol, equal_nan=True):
+                return f"{g.dtype}{g.shape} {g.ravel()[:6]} != {w.dtype}{w.shape} {w.ravel()[:6]}"
+        return None
+"""
+
+COMPOSED_FORWARD = {
+    "tril": "paddle.tril(x, 1)", "triu": "paddle.triu(m, -1)", "flip": "paddle.flip(x, [0, 2])",
+    "roll": "paddle.roll(x, [1, -2], [1, 2])", "roll_flat": "paddle.roll(x, 5)",
+    "tile": "paddle.tile(m, [2, 1, 3])", "stack": "paddle.stack([x, xs], axis=1)",
+    "squeeze": "x[:, :1].squeeze(1)", "reshape": "x.reshape([4, 6])", "flatten": "x.flatten(1)",
+    "contiguous": "x.transpose([1, 0, 2]).contiguous() + 0", "expand_as": "paddle.expand_as(y, x)",
+    "isnan": "paddle.isnan(z)", "isinf": "paddle.isinf(z)", "isfinite": "paddle.isfinite(z)",
+    "logical_and": "paddle.logical_and(x > 0, y > 0)", "logical_or": "paddle.logical_or(x > 0, y > 0)",
+    "logical_xor": "paddle.logical_xor(x > 0, y > 0)", "logical_not": "paddle.logical_not(x > 0)",
+    "clip": "paddle.clip(x, -0.5, 0.5)", "min": "x.min(axis=1)", "min_all": "x.min()",
+    "logsumexp": "paddle.logsumexp(x, axis=-1)", "logsumexp_all": "paddle.logsumexp(x)",
+    "any": "paddle.any(x > 1, axis=1)", "all": "paddle.all(x > -2, axis=2, keepdim=True)",
+    "log_softmax": "F.log_softmax(x, axis=1)", "cumsum": "paddle.cumsum(x, axis=1)", "cumsum_flat": "paddle.cumsum(x)",
+    "argmax": "paddle.argmax(x, axis=-1)", "argmin_flat": "paddle.argmin(x)", "argmax_ties": "paddle.argmax(t, axis=1)",
+    "topk": "paddle.topk(x, 2, axis=1)", "topk_ties": "paddle.topk(t, 2)[0]", "topk_smallest": "paddle.topk(x, 3, largest=False)",
+    "argsort": "paddle.argsort(x, axis=-1)", "argsort_desc": "paddle.argsort(x, axis=0, descending=True)",
+    "sort": "paddle.sort(x, axis=1)", "one_hot": "F.one_hot(ids, 5)", "eye": "paddle.eye(3, 4)",
+    "gelu": "F.gelu(x)", "gelu_tanh": "F.gelu(x, approximate=True)",
+    "layer_norm": "F.layer_norm(x, [4], weight=v, bias=v)", "layer_norm_2d": "F.layer_norm(x, [3, 4])",
+    "square": "paddle.square(x)", "sign": "paddle.sign(x)", "reciprocal": "paddle.reciprocal(c)",
+    "relu": "F.relu(x)", "leaky_relu": "F.leaky_relu(x, 0.1)", "mean_all": "x.mean()",
+    "arange": "paddle.arange(2, 11, 3)", "arange_float": "paddle.arange(0.5, 3.0, 0.5)",
+    "gather_nd": "paddle.gather_nd(x, nd)", "scatter_nd_add": "paddle.scatter_nd_add(x, nd, upd)",
+    "index_add": "paddle.index_add(x, idx, 1, xs[:, :3])", "assign": "paddle.assign(x)",
+    "strided_slice": "x[:, ::-2, 1::2]",
+}
+
+COMPOSED_BACKWARD = {
+    "gelu": ("lambda x: F.gelu(x)", ["x"]), "gelu_tanh": ("lambda x: F.gelu(x, approximate=True)", ["x"]),
+    "layer_norm": ("lambda x, v: F.layer_norm(x, [4], weight=v, bias=v * 2)", ["x", "v"]),
+    "exp": ("paddle.exp", ["x"]), "tanh": ("paddle.tanh", ["x"]), "sigmoid": ("F.sigmoid", ["x"]),
+    "sqrt": ("paddle.sqrt", ["c"]), "rsqrt": ("paddle.rsqrt", ["c"]), "log": ("paddle.log", ["c"]),
+    "abs": ("paddle.abs", ["x"]), "silu": ("F.silu", ["x"]), "pow": ("lambda c: c ** 2.5", ["c"]),
+    "maximum": ("lambda x, y: paddle.maximum(x, y)", ["x", "y"]), "minimum": ("lambda x, y: paddle.minimum(x, y)", ["x", "y"]),
+    "where": ("lambda x, y: paddle.where(x > 0, x, y)", ["x", "y"]), "clip": ("lambda x: paddle.clip(x, -0.5, 0.5)", ["x"]),
+    "mean": ("lambda x: x.mean(axis=[0, 2])", ["x"]), "mean_all": ("lambda x: x.mean()", ["x"]),
+    "max": ("lambda t: t.max(axis=-1)", ["t"]), "min": ("lambda t: (-t).min(axis=-1)", ["t"]),
+    "squeeze": ("lambda x: x[:, :1].squeeze(1)", ["x"]), "unsqueeze": ("lambda x: x.unsqueeze(0)", ["x"]),
+    "reshape": ("lambda x: x.reshape([4, 6])", ["x"]), "tile": ("lambda m: paddle.tile(m, [2, 1, 3])", ["m"]),
+    "roll": ("lambda x: paddle.roll(x, [1], [2])", ["x"]), "stack": ("lambda x, xs: paddle.stack([x, xs], 1)", ["x", "xs"]),
+    "expand": ("lambda y: paddle.expand(y, [2, 3, 4])", ["y"]), "slice": ("lambda x: x[:, 1:, 1:3]", ["x"]),
+    "tril": ("lambda x: paddle.tril(x)", ["x"]), "cumsum": ("lambda x: paddle.cumsum(x, axis=-1)", ["x"]),
+    "topk": ("lambda x: paddle.topk(x, 2, axis=1)[0]", ["x"]), "sort": ("lambda x: paddle.sort(x, axis=-1)", ["x"]),
+    "take_along_axis": ("lambda x, tidx: paddle.take_along_axis(x, tidx, 2)", ["x"]),
+    "strided_slice": ("lambda x: x[:, 1:, ::2]", ["x"]),
+    "log_softmax": ("lambda x: F.log_softmax(x, -1)", ["x"]), "gather_nd": ("lambda x, nd: paddle.gather_nd(x, nd)", ["x"]),
+    "leaky_relu": ("lambda x: F.leaky_relu(x, 0.1)", ["x"]), "relu": ("F.relu", ["x"]), "square": ("paddle.square", ["x"]),
+    "reciprocal": ("paddle.reciprocal", ["c"]),
+}
+
+COMPOSED_RANDOM = {
+    "uniform": "paddle.uniform([3, 5], min=-2.0, max=1.0)", "rand": "paddle.rand([7])",
+    "gaussian": "paddle.randn([3, 5])", "normal": "paddle.normal(1.0, 3.0, [9])",
+    "randint": "paddle.randint(0, 7, [4, 4])", "randint_int32": "paddle.randint(-3, 3, [9], dtype='int32')",
+    "dropout": "F.dropout(paddle.ones([6, 6]), 0.3)", "dropout_downgrade": "F.dropout(paddle.ones([5, 5]), 0.5, mode='downscale_in_infer')",
+    "dropout_eval": "F.dropout(paddle.ones([5, 5]), 0.5, training=False)", "linear_init": "paddle.nn.Linear(4, 3).weight",
+}
+
+
+def test_composed_kernels_match_paddles_cpu_kernels():
+    body = _COMPOSED_INPUTS + f"""
+    bad = {{}}
+    for name, expr in {COMPOSED_FORWARD!r}.items():
+        try:
+            bad[name] = compare(*both(lambda **t: eval(expr, dict(t, paddle=paddle, F=F))), 1e-5)
+        except Exception as exc:
+            bad[name] = str(exc).strip().splitlines()[-1][:300]
+    for name, (fn, leaves) in {COMPOSED_BACKWARD!r}.items():
+        def run(fn=fn, leaves=leaves, **t):
+            for k in leaves:
+                t[k].stop_gradient = False
+            f = eval(fn, dict(paddle=paddle, F=F))
+            out = f(*[t[k] for k in f.__code__.co_varnames[:f.__code__.co_argcount]]) if fn.startswith("lambda") else f(t[leaves[0]])
+            (out * paddle.arange(out.size, dtype=out.dtype).reshape(out.shape)).sum().backward()
+            return [t[k].grad for k in leaves]
+        try:
+            bad["grad_" + name] = compare(*both(run), 1e-5)
+        except Exception as exc:
+            bad["grad_" + name] = str(exc).strip().splitlines()[-1][:300]
+    for name, expr in {COMPOSED_RANDOM!r}.items():
+        def draw(expr=expr, **t):
+            paddle.seed(11)
+            first = eval(expr, dict(paddle=paddle, F=F))
+            return [first, eval(expr, dict(paddle=paddle, F=F))]  # the generator moves on alike
+        try:
+            bad["random_" + name] = compare(*both(draw), 1e-6)
+        except Exception as exc:
+            bad["random_" + name] = str(exc).strip().splitlines()[-1][:300]
+    print(json.dumps({{k: v for k, v in bad.items() if v}}))
+    """
+    assert run_on_xpu(None, body, env={"ANYCHIP_STRICT": "1", "ANYCHIP_SIM_CHECK": "1"}) == {}
+
+
+@pytest.mark.parametrize("chip", ["xpu", "npu", "gcu", "dcu"])
+def test_at_least_150_paddle_kernels_are_routed_on_every_chip(chip):
+    """Counted as `anychip ops` plans a device's Paddle kernel library: the Paddle kernels whose
+    base ops the chip's plugin has as C kernels, in at least one dtype."""
+    from anychip.paddle_kernels import plan
+    from anychip.plugins import registry
+
+    served = plan(registry().kernels, chip)[1]
+    assert len(served) >= 150, sorted(served)
+    for name in ("layer_norm", "gelu_grad", "dropout", "uniform", "adamw", "topk", "cumsum", "contiguous"):
+        assert "float32" in served[name], (name, served[name])
