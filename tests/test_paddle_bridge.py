@@ -60,9 +60,9 @@ def test_mlp_adamw_on_simulated_chip_matches_cpu(device):
     for a, b in zip(out["cpu"], out["dev"]):
         assert abs(a - b) <= 1e-5 * max(1.0, abs(a))
     assert out["max_param_diff"] <= 1e-5
-    ops = {op for dev, op, dtype, n in out["fallbacks"] if dev == device}
-    assert {"adamw", "gelu"} <= ops  # ops without a device kernel are counted
-    assert f"  {device:8} adamw" in result.stdout  # and the report lists them
+    # GELU and AdamW have device kernels since the op-coverage work: the whole step stays on the chip
+    assert [f for f in out["fallbacks"] if f[0] == device] == []
+    assert "CPU fallbacks: 0 op call(s) ran on the CPU, none" in result.stdout
 
 
 def test_strict_mode_turns_a_fallback_into_an_error():
@@ -71,11 +71,11 @@ def test_strict_mode_turns_a_fallback_into_an_error():
         anychip.set_device("npu:0")
         import paddle
         x = paddle.to_tensor([1.0, -1.0])
-        paddle.nn.functional.relu(x)
+        paddle.lgamma(x)  # no device kernel
     """)
     result = run_python(code, env={"ANYCHIP_STRICT": "1"})
     assert result.returncode != 0
-    assert "kernel 'relu' is not registered" in result.stderr or "relu" in result.stderr, result.stderr[-2000:]
+    assert "kernel `lgamma` is not registered" in result.stderr, result.stderr[-2000:]
     assert "anychip_ascend" in result.stderr
 
 

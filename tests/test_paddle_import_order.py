@@ -33,7 +33,9 @@ def test_plain_paddle_has_every_anychip_device_without_importing_anychip():
         paddle.set_device("anychip_ascend:0")
         x = paddle.to_tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
         y = paddle.exp(x) + x * 2
+        gram = paddle.matmul(x, x.T)  # a strided view: Paddle's stride kernels are on by default
         print(json.dumps({"types": types, "place": str(y.place), "y": y.numpy().tolist(),
+                          "gram": gram.numpy().tolist(),
                           "anychip_imported": any(m.startswith("anychip") for m in sys.modules)}))
     """)
     assert PADDLE_TYPES <= set(out["types"])
@@ -42,6 +44,7 @@ def test_plain_paddle_has_every_anychip_device_without_importing_anychip():
     import numpy as np
 
     np.testing.assert_allclose(out["y"], np.exp(x) + np.array(x) * 2, rtol=1e-6)
+    np.testing.assert_allclose(out["gram"], np.array(x) @ np.array(x).T)
     assert out["anychip_imported"] is False
 
 
