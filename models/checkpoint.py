@@ -11,6 +11,7 @@ folder's tensors as written (weight-only QuantWeight, or W8A8Weight for int8 x i
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,6 +38,21 @@ def shown(value) -> str:
 def is_int(value) -> bool:
     """An integer, not a bool (which Python counts as one)."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def positive_int(found, what: str) -> int:
+    """``found``, a value read from a model file (``what`` names the file and key), checked to
+    be a positive integer."""
+    if not is_int(found) or found <= 0:
+        raise CheckpointError(f"{what} is {shown(found)}, expected a positive integer")
+    return found
+
+
+def positive_number(found, what: str):
+    """``found`` (as ``positive_int``) checked to be a finite positive number."""
+    if not (is_int(found) or isinstance(found, float)) or not math.isfinite(found) or found <= 0:
+        raise CheckpointError(f"{what} is {shown(found)}, expected a positive number")
+    return found
 
 
 @dataclass

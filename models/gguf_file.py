@@ -26,7 +26,8 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.gguf_reader import ReaderField
 from gguf.quants import dequantize
 
-from .checkpoint import Checkpoint, CheckpointError, ModelConfig, QuantWeight, is_int, shown, tensor_shapes
+from .checkpoint import (Checkpoint, CheckpointError, ModelConfig, QuantWeight, is_int, positive_int, positive_number,
+                         shown, tensor_shapes)
 from .tokenizer import Tokenizer
 
 MAGIC = b"GGUF"
@@ -267,16 +268,10 @@ def read_config(path: Path, meta: dict, tensors: dict) -> ModelConfig:
         return found
 
     def count(name: str, default=None) -> int:
-        found = value(name, default)
-        if not is_int(found) or found <= 0:
-            raise CheckpointError(f"{path}: {arch}.{name} is {shown(found)}, expected a positive integer")
-        return found
+        return positive_int(value(name, default), f"{path}: {arch}.{name}")
 
     def number(name: str, default=None) -> float:
-        found = value(name, default)
-        if not (is_int(found) or isinstance(found, float)) or not math.isfinite(found) or found <= 0:
-            raise CheckpointError(f"{path}: {arch}.{name} is {shown(found)}, expected a positive number")
-        return f32_value(found)
+        return f32_value(positive_number(value(name, default), f"{path}: {arch}.{name}"))
 
     embedding = tensors.get("token_embd.weight")
     if embedding is None:

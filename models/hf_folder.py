@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import Checkpoint, CheckpointError, ModelConfig, is_int, shown, tensor_shapes
+from .checkpoint import (Checkpoint, CheckpointError, ModelConfig, is_int, positive_int, positive_number, shown,
+                         tensor_shapes)
 from .tokenizer import Tokenizer
 
 ARCHS = ("llama", "qwen2")  # config.json model_type
@@ -82,16 +83,10 @@ def read_config(folder: Path) -> ModelConfig:
         return found
 
     def count(name: str, default=None) -> int:
-        found = value(name, default)
-        if not is_int(found) or found <= 0:
-            raise CheckpointError(f"{path}: {name} is {shown(found)}, expected a positive integer")
-        return found
+        return positive_int(value(name, default), f"{path}: {name}")
 
     def number(name: str, default=None) -> float:
-        found = value(name, default)
-        if not (is_int(found) or isinstance(found, float)) or not math.isfinite(found) or found <= 0:
-            raise CheckpointError(f"{path}: {name} is {shown(found)}, expected a positive number")
-        return float(found)
+        return float(positive_number(value(name, default), f"{path}: {name}"))
 
     def flag(name: str) -> bool:
         found = value(name, False)
