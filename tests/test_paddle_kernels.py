@@ -450,6 +450,33 @@ def test_a_broken_kernel_config_registers_nothing_says_why_and_leaves_paddle_wor
     assert "libanychip_xpu_kernels.so: no Paddle kernels registered: unknown dtype 'float33'" in result.stderr
 
 
+def test_a_kernel_library_older_than_its_config_names_what_it_lacks(tmp_path):
+    # a config planned by a newer table than the installed library was built from
+    code = textwrap.dedent(f"""
+        import json, os
+        from pathlib import Path
+        from anychip import paddle_root
+        root = Path({str(tmp_path)!r})
+        paddle_root.install(root)
+        conf = root / "kernels" / "libanychip_xpu_kernels.so.conf"
+        conf.write_text(conf.read_text() + "serve=frobnicate float32\\n")
+        os.environ["CUSTOM_DEVICE_ROOT"] = str(root)
+        import numpy as np
+        import paddle
+        import anychip
+        from anychip.fallback import fallback_counts
+        anychip.set_device("xpu")
+        x = paddle.to_tensor(np.ones((2, 3), np.float32))
+        print(json.dumps({{"z": paddle.add(x, x).numpy().tolist(), "fallbacks": len(fallback_counts())}}))
+    """)
+    result = run_python(code, env={"ANYCHIP_STRICT": "0"}, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out == {"z": [[2.0] * 3] * 2, "fallbacks": 0}  # the kernels it has are registered
+    assert "libanychip_xpu_kernels.so lacks 1 Paddle kernel(s) its config names" in result.stderr
+    assert "(reinstall anychip to rebuild it; until then they fall back to the CPU): frobnicate" in result.stderr
+
+
 # ops the test kernels leave out, checked with xpu's own kernels
 MORE_CASES = {
     "log": ("paddle.log(c)", "np.log(c)"),

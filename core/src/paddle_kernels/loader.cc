@@ -94,9 +94,12 @@ void register_kernels() {
   try {
     path = own_path();
     Config config = read_config(path + ".conf");
+    std::set<std::string> unknown;  // named by the config, absent from this build of the table
+    for (const auto& served : config.serve) unknown.insert(served.first);
     for_each_row([&](const Row& row) {
       auto served = config.serve.find(row.name);
       if (served == config.serve.end()) return;
+      unknown.erase(row.name);
       for (const Instance& instance : row.instances) {
         if (served->second.count(instance.dtype) == 0) continue;
         phi::KernelRegistrar(phi::RegType::OUTER, row.name, config.paddle_type.c_str(),
@@ -104,6 +107,12 @@ void register_kernels() {
                              instance.compute, instance.variadic);
       }
     });
+    if (!unknown.empty()) {  // a library older than the Python table that planned the config
+      std::string names;
+      for (const auto& name : unknown) names += " " + name;
+      std::fprintf(stderr, "anychip: %s lacks %zu Paddle kernel(s) its config names (reinstall anychip to rebuild "
+                   "it; until then they fall back to the CPU):%s\n", path.c_str(), unknown.size(), names.c_str());
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "anychip: %s: no Paddle kernels registered: %s\n", path.c_str(), e.what());
   }
