@@ -17,10 +17,6 @@ CPP_TYPES = {
     "float64": "double", "int8": "int8_t", "uint8": "uint8_t", "int16": "int16_t",
     "int32": "int32_t", "int64": "int64_t", "bool": "bool",
 }
-PHI_DTYPES = {
-    "float32": "FLOAT32", "float16": "FLOAT16", "bfloat16": "BFLOAT16", "float64": "FLOAT64",
-    "int8": "INT8", "uint8": "UINT8", "int16": "INT16", "int32": "INT32", "int64": "INT64", "bool": "BOOL",
-}
 
 _BOOL_OUTPUT = "kernel->OutputAt(0).SetDataType(phi::DataType::BOOL);"
 _ANY_OUTPUT = "kernel->OutputAt(0).SetDataType(phi::DataType::UNDEFINED);"
@@ -233,7 +229,8 @@ def _cxx_part(index: int, rows: list[PaddleKernel]) -> str:
     lines += ["}  // namespace", "", f"void table_part_{index}(const RowSink& sink) {{"]
     for i, pk in enumerate(rows):
         define = f"define_{i}" if pk.body else "define_nothing"
-        lines.append(f'  sink(Row{{"{pk.name}", {define}, {{ANYCHIP_PK_ALL_DTYPES({pk.wrapper})}}}});')
+        instances = ", ".join(f"ANYCHIP_PK_INSTANCE({pk.wrapper}, {cpp})" for cpp in CPP_TYPES.values())
+        lines.append(f'  sink(Row{{"{pk.name}", {define}, {{{instances}}}}});')
     lines += ["}", "", "}  // namespace anychip_pk", ""]
     return "\n".join(lines)
 

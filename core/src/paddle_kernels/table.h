@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <vector>
 
 #include "wrappers.h"
 
@@ -18,12 +19,10 @@ struct Instance {
   void* variadic;
 };
 
-constexpr int kNumDtypes = 10;
-
 struct Row {
   const char* name;
   phi::KernelArgsDefFn define;
-  Instance instances[kNumDtypes];
+  std::vector<Instance> instances;  // one per dtype of paddle_kernel_table.CPP_TYPES
 };
 
 using RowSink = std::function<void(const Row&)>;
@@ -35,14 +34,6 @@ inline void define_nothing(const phi::KernelKey&, phi::Kernel*) {}
     ::phi::CppTypeToDataType<T>::Type(), ARG_PARSE_FUNCTOR(fn, T, ::phi::CustomContext), \
         PHI_KERNEL(fn<T, ::phi::CustomContext>), PHI_VARIADIC_KERNEL(fn<T, ::phi::CustomContext>) \
   }
-
-// Every dtype anychip has (anychip.paddle_kernel_table.CPP_TYPES): kNumDtypes of them.
-#define ANYCHIP_PK_ALL_DTYPES(fn)                                                          \
-  ANYCHIP_PK_INSTANCE(fn, float), ANYCHIP_PK_INSTANCE(fn, phi::dtype::float16),            \
-      ANYCHIP_PK_INSTANCE(fn, phi::dtype::bfloat16), ANYCHIP_PK_INSTANCE(fn, double),      \
-      ANYCHIP_PK_INSTANCE(fn, int8_t), ANYCHIP_PK_INSTANCE(fn, uint8_t),                   \
-      ANYCHIP_PK_INSTANCE(fn, int16_t), ANYCHIP_PK_INSTANCE(fn, int32_t),                  \
-      ANYCHIP_PK_INSTANCE(fn, int64_t), ANYCHIP_PK_INSTANCE(fn, bool)
 
 // Calls `sink` with every row of the table (table.cc, generated).
 void for_each_row(const RowSink& sink);
