@@ -144,10 +144,13 @@ def prepare() -> Path:
             return default_root()
     except OSError:
         pass  # an unreadable site-packages: the cache will do
+    # each library is copied once per device: hash its bytes once, then name it by that hash
+    libraries = {path: hashlib.sha256(path.read_bytes()).hexdigest() for path in set(files.values())
+                 if isinstance(path, Path)}
     h = hashlib.sha256()
     for name, content in sorted(files.items()):
         h.update(name.encode() + b"\0")
-        h.update(content.read_bytes() if isinstance(content, Path) else content.encode())
+        h.update((libraries[content] if isinstance(content, Path) else content).encode())
         h.update(b"\0")
     digest = h.hexdigest()[:16]
     root = cache_dir() / "paddle_devices" / digest
