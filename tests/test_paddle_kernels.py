@@ -422,8 +422,10 @@ def test_fallback_counts_only_the_ops_without_a_plugin_kernel(kernel_lib):
     assert "xpu/add/float32" not in out
 
 
-def test_a_broken_kernel_config_registers_nothing_says_why_and_leaves_paddle_working(tmp_path):
-    # The CustomDevice folder as anychip writes it, with xpu's kernel config corrupted.
+def add_on_xpu_with_kernel_config(tmp_path, edit: str):
+    """x + x on xpu, Paddle loaded from the CustomDevice folder as anychip writes it, after
+    ``edit`` (Python over ``text``, the xpu kernel config) changed that config. Returns the
+    sum, the fallbacks counted ("device/op/dtype") and stderr."""
     code = textwrap.dedent(f"""
         import json, os
         from pathlib import Path
@@ -431,7 +433,8 @@ def test_a_broken_kernel_config_registers_nothing_says_why_and_leaves_paddle_wor
         root = Path({str(tmp_path)!r})
         paddle_root.install(root)
         conf = root / "kernels" / "libanychip_xpu_kernels.so.conf"
-        conf.write_text(conf.read_text().replace("serve=add float32", "serve=add float33", 1))
+        text = conf.read_text()
+        conf.write_text({edit})
         os.environ["CUSTOM_DEVICE_ROOT"] = str(root)
         import numpy as np
         import paddle
@@ -445,36 +448,23 @@ def test_a_broken_kernel_config_registers_nothing_says_why_and_leaves_paddle_wor
     result = run_python(code, env={"ANYCHIP_STRICT": "0"}, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
-    assert out["z"] == [[2.0] * 3] * 2
-    assert "xpu/add/float32" in out["fallbacks"]
-    assert "libanychip_xpu_kernels.so: no Paddle kernels registered: unknown dtype 'float33'" in result.stderr
+    return out["z"], out["fallbacks"], result.stderr
+
+
+def test_a_broken_kernel_config_registers_nothing_says_why_and_leaves_paddle_working(tmp_path):
+    z, fallbacks, stderr = add_on_xpu_with_kernel_config(
+        tmp_path, 'text.replace("serve=add float32", "serve=add float33", 1)')
+    assert z == [[2.0] * 3] * 2
+    assert "xpu/add/float32" in fallbacks
+    assert "libanychip_xpu_kernels.so: no Paddle kernels registered: unknown dtype 'float33'" in stderr
 
 
 def test_a_kernel_library_older_than_its_config_names_what_it_lacks(tmp_path):
     # a config planned by a newer table than the installed library was built from
-    code = textwrap.dedent(f"""
-        import json, os
-        from pathlib import Path
-        from anychip import paddle_root
-        root = Path({str(tmp_path)!r})
-        paddle_root.install(root)
-        conf = root / "kernels" / "libanychip_xpu_kernels.so.conf"
-        conf.write_text(conf.read_text() + "serve=frobnicate float32\\n")
-        os.environ["CUSTOM_DEVICE_ROOT"] = str(root)
-        import numpy as np
-        import paddle
-        import anychip
-        from anychip.fallback import fallback_counts
-        anychip.set_device("xpu")
-        x = paddle.to_tensor(np.ones((2, 3), np.float32))
-        print(json.dumps({{"z": paddle.add(x, x).numpy().tolist(), "fallbacks": len(fallback_counts())}}))
-    """)
-    result = run_python(code, env={"ANYCHIP_STRICT": "0"}, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(result.stdout.strip().splitlines()[-1])
-    assert out == {"z": [[2.0] * 3] * 2, "fallbacks": 0}  # the kernels it has are registered
-    assert "libanychip_xpu_kernels.so lacks 1 Paddle kernel(s) its config names" in result.stderr
-    assert "(reinstall anychip to rebuild it; until then they fall back to the CPU): frobnicate" in result.stderr
+    z, fallbacks, stderr = add_on_xpu_with_kernel_config(tmp_path, 'text + "serve=frobnicate float32\\n"')
+    assert (z, fallbacks) == ([[2.0] * 3] * 2, [])  # the kernels it has are registered
+    assert "libanychip_xpu_kernels.so lacks 1 Paddle kernel(s) its config names" in stderr
+    assert "(reinstall anychip to rebuild it; until then they fall back to the CPU): frobnicate" in stderr
 
 
 # ops the test kernels leave out, checked with xpu's own kernels
