@@ -116,6 +116,54 @@ def test_host_function_ranges_are_checked_at_the_call_and_errors_reach_synchroni
             s.synchronize()
 
 
+def test_a_buffer_collected_inside_host_work_is_freed_later_not_waited_for():
+    """The garbage collector may run inside a host function, on the stream's own thread, where
+    device_free would wait for that stream: it hung CI once. The free is deferred instead."""
+    code = textwrap.dedent(f"""
+        from anychip.runtime import Device, Runtime
+        dev = Device(Runtime("tiny", {SIM!r}, options="name=tiny;capacity=1048576"), 0)
+        held = [dev.allocate(4096)]
+        with dev.stream() as s:
+            s.launch_host(held.clear)  # drops the last reference on the stream's thread
+            s.synchronize()
+        assert dev.memory_stats().allocated_bytes >= 4096  # not freed there ...
+        dev.allocate(256).free()
+        assert dev.memory_stats().allocated_bytes == 0, dev.memory_stats()  # ... but next time
+        print("ok")
+    """)
+    r = run_python(code, timeout=60)
+    assert r.stdout.strip() == "ok", r.stderr
+
+
+def test_waiting_for_a_stream_from_its_own_work_is_an_error_not_a_hang():
+    """Inside a host function, synchronous calls skip the stream that runs it (its earlier work
+    is done), and synchronizing or destroying that stream is refused with the reason."""
+    code = textwrap.dedent(f"""
+        import ctypes
+        from anychip.runtime import Device, Runtime
+        dev = Device(Runtime("tiny", {SIM!r}, options="name=tiny;capacity=1048576"), 0)
+        buf, other = dev.allocate(4096), dev.allocate(4096)
+        seen = []
+        with dev.stream() as s:
+            def work():
+                dev.call("device_free", ctypes.c_void_p(other.ptr))  # raw: no deferral
+                other.ptr = None
+                dev.synchronize()
+                for fn in ("stream_synchronize", "stream_destroy"):
+                    try:
+                        dev.call(fn, s.handle)
+                    except Exception as e:
+                        seen.append(str(e))
+            s.launch_host(work, [buf])
+            s.synchronize()
+        print(seen)
+    """)
+    r = run_python(code, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "stream_synchronize called from a host function running on that stream" in r.stdout, r.stdout
+    assert "stream_destroy called from a host function running on that stream" in r.stdout, r.stdout
+
+
 class _Unallocated:
     """A 'buffer' at an address the device never allocated."""
 

@@ -11,7 +11,7 @@ from ..spec import DTYPE_BITS
 from . import abi
 from .errors import InvalidArgumentError
 from .library import Runtime
-from .stream import Event, Stream
+from .stream import Event, Stream, in_host_work
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,18 @@ def _host_view(obj) -> tuple[int, int, object]:
     raise TypeError(f"expected a numpy array or HostBuffer, got {type(obj).__name__}")
 
 
+def _free_deferred(runtime: Runtime) -> None:
+    """Frees the buffers that were collected inside host work (Buffer.__del__)."""
+    if in_host_work():
+        return
+    while True:
+        try:
+            index, ptr = runtime.deferred_frees.pop()
+        except IndexError:  # empty, or another thread took the last one
+            return
+        runtime.call("device_free", index, C.c_void_p(ptr))
+
+
 class Buffer:
     """``nbytes`` of device memory. Copies are synchronous unless a stream is given."""
 
@@ -119,6 +131,7 @@ class Buffer:
             raise InvalidArgumentError(f"nbytes must be a positive int, got {nbytes!r}", "INVALID_ARGUMENT")
         self.device = device
         self.nbytes = int(nbytes)
+        _free_deferred(device.runtime)
         ptr = C.c_void_p()
         device.call("device_allocate", C.byref(ptr), C.c_size_t(self.nbytes))
         self.ptr = ptr.value
@@ -186,13 +199,21 @@ class Buffer:
         ptr = self.ptr
         self.ptr = None
         self.device.call("device_free", C.c_void_p(ptr))
+        _free_deferred(self.device.runtime)
 
     def __del__(self):
-        if getattr(self, "ptr", None) is not None and not self.device.runtime._closed:
-            try:
-                self.free()
-            except Exception:  # interpreter shutdown: nothing useful to report to
-                pass
+        if getattr(self, "ptr", None) is None or self.device.runtime._closed:
+            return
+        if in_host_work():
+            # The garbage collector can run anywhere, a stream's host function included; there
+            # device_free would wait for that stream, i.e. for itself.
+            self.device.runtime.deferred_frees.append((self.device.index, self.ptr))
+            self.ptr = None
+            return
+        try:
+            self.free()
+        except Exception:  # interpreter shutdown: nothing useful to report to
+            pass
 
 
 class HostBuffer:

@@ -20,6 +20,9 @@ class Runtime:
     def __init__(self, name: str, library: str, symbol: str = "anychip_device_init", options: str = ""):
         self.name = name
         self._closed = False
+        # (device, pointer) of buffers collected inside a stream's host work, where freeing
+        # would wait for that stream: freed by the next allocation or free outside it.
+        self.deferred_frees: list[tuple[int, int]] = []
         self._lock = threading.Lock()
         if not os.path.exists(library):
             raise DeviceUnavailableError(f"{name}: runtime library {library} does not exist "

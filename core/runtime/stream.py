@@ -9,6 +9,16 @@ from . import abi
 from .errors import AnychipError
 
 
+# Set while Python code runs as a stream's work (launch_host): the thread is the device's own,
+# where a call that waits for that stream (device_free, a synchronous copy) never returns.
+_host_work = threading.local()
+
+
+def in_host_work() -> bool:
+    """True inside a host function that a stream is running."""
+    return getattr(_host_work, "active", False)
+
+
 class Stream:
     def __init__(self, device):
         self.device = device
@@ -61,10 +71,13 @@ class Stream:
             ranges[i].ptr, ranges[i].size = buf._range(offset, nbytes, f"buffers[{i}]"), nbytes
 
         def trampoline(_user_data):
+            _host_work.active = True
             try:
                 fn()
             except Exception:  # noqa: BLE001 - reported as the stream's error, like a kernel's
                 return abi.ERROR_DEVICE
+            finally:
+                _host_work.active = False
             return abi.OK
 
         cb = abi.HostFunction(trampoline)

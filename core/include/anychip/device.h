@@ -247,7 +247,12 @@ typedef struct AnychipDeviceInterface {
    * ANYCHIP_ERROR_INVALID_ARGUMENT names the range). The caller keeps `user_data` and `ranges`
    * alive until the work completes (it synchronizes the stream). A non-OK status from `fn` is
    * the work's error, reported by the next synchronize/query; `fn` leaves its own message
-   * wherever its caller asked (anychip/kernel.h: AnychipKernelCall.error). */
+   * wherever its caller asked (anychip/kernel.h: AnychipKernelCall.error). `fn` runs on a
+   * thread of the plugin's: a call it makes that waits for `stream` (stream_synchronize, a
+   * device_free or synchronous copy that orders after the stream) would wait for itself. The
+   * caller never makes one (anychip defers a buffer collected there); a plugin that can tell
+   * refuses stream_synchronize/stream_destroy of `stream` with ANYCHIP_ERROR_INVALID_ARGUMENT
+   * and lets the synchronous calls skip `stream`, whose earlier work is done (the simulator). */
   AnychipStatus (*launch_host_function)(AnychipRuntime rt, int device, AnychipStream stream,
                                         AnychipHostFunction fn, void* user_data,
                                         const AnychipMemoryRange* ranges, int num_ranges);

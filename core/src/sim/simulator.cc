@@ -34,7 +34,9 @@ using anychip::sim::AccessWindow;
 using anychip::sim::Arena;
 
 struct AnychipStream_st {
-  std::unique_ptr<anychip::sim::Stream> stream;
+  // shared: a synchronous call waits on a snapshot of the device's streams, without holding
+  // the device lock, and a stream destroyed meanwhile must outlive that wait.
+  std::shared_ptr<anychip::sim::Stream> stream;
 };
 
 struct AnychipEvent_st {
@@ -103,10 +105,32 @@ AnychipStatus check_event(Rt rt, int device, Device* dev, AnychipEvent event) {
 #define CHECK(expr) \
   if (AnychipStatus s_ = (expr)) return s_
 
+// The device's streams as of now, less the one whose host function is calling (its earlier
+// work has run, in order, and waiting for it would wait for the caller itself). Taken under
+// the lock, waited on without it, so that work on one stream may call the runtime while
+// another thread waits for that stream.
+std::vector<std::shared_ptr<anychip::sim::Stream>> other_streams(Device* dev) {
+  std::lock_guard<std::mutex> lock(dev->mu);
+  std::vector<std::shared_ptr<anychip::sim::Stream>> out;
+  for (AnychipStream_st* s : dev->streams) {
+    if (!s->stream->runs_on_this_thread()) out.push_back(s->stream);
+  }
+  return out;
+}
+
 // Synchronous operations are ordered after all enqueued work of the device (device.h).
 void wait_streams(Device* dev) {
-  std::lock_guard<std::mutex> lock(dev->mu);
-  for (AnychipStream_st* s : dev->streams) s->stream->wait_idle();
+  for (const auto& s : other_streams(dev)) s->wait_idle();
+}
+
+// Waiting for a stream from its own work can never finish: an error, not a hang.
+AnychipStatus check_not_own_work(Rt rt, int device, AnychipStream stream, const char* what) {
+  if (stream->stream->runs_on_this_thread()) {
+    return fail(ANYCHIP_ERROR_INVALID_ARGUMENT,
+                "%s: %s called from a host function running on that stream: it would wait for "
+                "itself", label(rt, device).c_str(), what);
+  }
+  return ANYCHIP_OK;
 }
 
 // A host pointer that is really device memory means the caller swapped the copy direction.
@@ -294,7 +318,7 @@ AnychipStatus sim_memory_stats(Rt rt, int device, AnychipMemoryStats* stats) {
 AnychipStatus sim_stream_create(Rt rt, int device, AnychipStream* stream) {
   GET_DEV(rt, device, dev);
   if (stream == nullptr) return fail(ANYCHIP_ERROR_INVALID_ARGUMENT, "stream is NULL");
-  auto* s = new AnychipStream_st{std::make_unique<anychip::sim::Stream>()};
+  auto* s = new AnychipStream_st{std::make_shared<anychip::sim::Stream>()};
   std::lock_guard<std::mutex> lock(dev->mu);
   dev->streams.insert(s);
   *stream = s;
@@ -304,6 +328,7 @@ AnychipStatus sim_stream_create(Rt rt, int device, AnychipStream* stream) {
 AnychipStatus sim_stream_destroy(Rt rt, int device, AnychipStream stream) {
   GET_DEV(rt, device, dev);
   CHECK(check_stream(rt, device, dev, stream));
+  CHECK(check_not_own_work(rt, device, stream, "stream_destroy"));
   {
     std::lock_guard<std::mutex> lock(dev->mu);
     dev->streams.erase(stream);
@@ -321,6 +346,7 @@ AnychipStatus sim_stream_query(Rt rt, int device, AnychipStream stream) {
 AnychipStatus sim_stream_synchronize(Rt rt, int device, AnychipStream stream) {
   GET_DEV(rt, device, dev);
   CHECK(check_stream(rt, device, dev, stream));
+  CHECK(check_not_own_work(rt, device, stream, "stream_synchronize"));
   std::string message;
   AnychipStatus status = stream->stream->synchronize(&message);
   if (status != ANYCHIP_OK) return fail(status, "%s", message.c_str());
@@ -457,12 +483,11 @@ AnychipStatus sim_event_elapsed_ms(Rt rt, int device, AnychipEvent start, Anychi
 
 AnychipStatus sim_synchronize_device(Rt rt, int device) {
   GET_DEV(rt, device, dev);
-  std::lock_guard<std::mutex> lock(dev->mu);
   AnychipStatus first = ANYCHIP_OK;
   std::string first_message;
-  for (AnychipStream_st* s : dev->streams) {
+  for (const auto& s : other_streams(dev)) {
     std::string message;
-    AnychipStatus status = s->stream->synchronize(&message);
+    AnychipStatus status = s->synchronize(&message);
     if (status != ANYCHIP_OK && first == ANYCHIP_OK) {
       first = status;
       first_message = message;

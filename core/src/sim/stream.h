@@ -48,6 +48,9 @@ class Stream {
   Stream& operator=(const Stream&) = delete;
 
   void enqueue(Work work);
+  // True on this stream's own worker, i.e. inside its work (a host function): waiting for
+  // the stream there would wait for itself.
+  bool runs_on_this_thread() const { return std::this_thread::get_id() == worker_.get_id(); }
   // NOT_READY while work is pending, else the first error since the last synchronize/query.
   AnychipStatus query();
   // Waits for all enqueued work without consuming its error.
