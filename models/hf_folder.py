@@ -65,6 +65,11 @@ def read_config(folder: Path) -> ModelConfig:
     path = folder / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{folder}: config.json is missing (not a Hugging Face model folder)")
+    return read_config_file(path, folder.resolve().name)
+
+
+def read_config_file(path: Path, name: str) -> ModelConfig:
+    """A Hugging Face ``config.json`` (Llama, Qwen2, ...) as a ModelConfig named ``name``."""
     cfg = read_json_object(path)
     arch = cfg.get("model_type")
     if not isinstance(arch, str) or arch not in ARCHS:
@@ -120,7 +125,7 @@ def read_config(folder: Path) -> ModelConfig:
         tie_embeddings=flag("tie_word_embeddings"),
         # Qwen2 always has q/k/v biases; Llama has them when attention_bias says so.
         qkv_bias=arch == "qwen2" or flag("attention_bias"),
-        name=folder.resolve().name,
+        name=name,
     )
 
 

@@ -72,6 +72,7 @@ class Tokenizer:
                  add_bos: bool = False, chat_template_source: str = "the model's chat template"):
         self._backend = backend
         self.bos_id = bos_id
+        self.eos_id = eos_id  # the checkpoint's own end-of-text id (pretraining's document separator)
         self.pad_id = pad_id
         self.chat_template = chat_template
         self.chat_template_source = chat_template_source  # where it was read, for its errors

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 from .session import DEFAULT_MODEL
+from .training_flags import add_run_flags, add_training_flags, check_output, train_args
 
 
 def add_parser(sub, common):
@@ -24,16 +24,12 @@ def add_parser(sub, common):
     p.add_argument("--data", required=True, metavar="PATH",
                    help="a .jsonl file, or a folder with train.jsonl (and dev.jsonl for evaluation)")
     p.add_argument("--eval-data", metavar="PATH", help="evaluation jsonl (default: the data folder's dev.jsonl)")
-    p.add_argument("--output", required=True, metavar="DIR", help="where checkpoints and the result go")
     p.add_argument("--chat-template", metavar="FILE",
                    help="a PaddleNLP chat_template.json (system, conversation, query); default: the model's own "
                         "chat template")
     p.add_argument("--on-bad-record", choices=("skip", "fail"), default="skip",
                    help="a malformed record is reported with its line number and skipped (default), or stops the run")
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --output")
-    p.add_argument("--overwrite", action="store_true",
-                   help="start afresh in an --output that holds files: an earlier run's checkpoints and "
-                        "metrics.jsonl are deleted, the model files replaced")
+    add_run_flags(p)
 
     g = p.add_argument_group("LoRA")
     g.add_argument("--lora", action="store_true", help="train LoRA adapters on a frozen base instead of every weight")
@@ -45,62 +41,14 @@ def add_parser(sub, common):
     g.add_argument("--lora-base", choices=("float", "int8", "int4"), default="float",
                    help="keep the frozen base as float32, or weight-only int8/int4 (QLoRA-style)")
 
-    g = p.add_argument_group("training")
-    g.add_argument("--max-length", type=int, default=512, metavar="N",
-                   help="tokens per example (and per packed sequence with --zero-padding; default 512)")
+    g = add_training_flags(p, 512, "peak learning rate (default 2e-4 with --lora, 2e-5 otherwise)",
+                           "tokens per example (and per packed sequence with --zero-padding; default 512)")
     g.add_argument("--zero-padding", action="store_true",
                    help="pack several examples into each max-length sequence, kept apart by a FlashMask")
-    g.add_argument("--batch-size", type=int, default=1, metavar="B", help="sequences per micro-batch (default 1)")
-    g.add_argument("--grad-accum", type=int, default=1, metavar="N", help="micro-batches per optimizer step (default 1)")
-    g.add_argument("--epochs", type=float, default=1.0, metavar="E", help="passes over the data (default 1)")
-    g.add_argument("--max-steps", type=int, metavar="N", help="optimizer steps (overrides --epochs)")
-    g.add_argument("--lr", type=float, default=None, metavar="LR",
-                   help="peak learning rate (default 2e-4 with --lora, 2e-5 otherwise)")
-    g.add_argument("--schedule", choices=("cosine", "linear", "constant"), default="cosine",
-                   help="decay after warmup (default cosine)")
-    g.add_argument("--warmup-steps", type=int, default=0, metavar="N", help="linear warmup steps (default 0)")
-    g.add_argument("--weight-decay", type=float, default=0.0, metavar="W", help="AdamW weight decay (default 0)")
-    g.add_argument("--max-grad-norm", type=float, default=1.0, metavar="N",
-                   help="clip the global gradient norm to N (0: off; default 1)")
-    g.add_argument("--compute-dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="dtype of the matmuls (bfloat16: AMX on CPUs that have it); weights, optimizer state and "
-                        "the other ops stay float32")
-    g.add_argument("--recompute", action="store_true",
-                   help="recompute each layer's activations in the backward instead of keeping them (less memory)")
-    g.add_argument("--eval-steps", type=int, metavar="N", help="evaluate every N steps (and at the end)")
-    g.add_argument("--save-steps", type=int, metavar="N", help="checkpoint every N steps (and at the end)")
-    g.add_argument("--save-total-limit", type=int, default=3, metavar="N", help="checkpoints to keep (default 3)")
-    g.add_argument("--seed", type=int, default=42, help="seed for the data order, adapter init and dropout")
-
-
-def _check_output(path: Path, resume: bool, overwrite: bool) -> None:
-    """Refuses, before any work, an --output the run cannot use the way it was asked to."""
-    from ..training.checkpoints import latest_checkpoint
-
-    if resume and overwrite:
-        raise ValueError("--resume continues the run in --output, --overwrite starts afresh over it: pass one")
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"--output {path} is a file, not a folder: choose another path")
-    existing = next(p for p in (path, *path.parents) if p.exists())  # what the run's mkdir starts from
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        why = "is a file" if not existing.is_dir() else "is not writable"
-        raise ValueError(f"--output {path} cannot be created: {existing} {why}; choose another place")
-    earlier = latest_checkpoint(path) is not None
-    holds_files = path.is_dir() and any(path.iterdir())
-    if resume and not earlier:
-        raise ValueError(f"--resume: {path} holds no complete checkpoint-<step> folder to resume from; "
-                         + ("pass --overwrite instead to start afresh over its files" if holds_files
-                            else "run without --resume to start afresh"))
-    if holds_files and not (resume or overwrite):
-        if earlier:
-            raise ValueError(f"--output {path} holds checkpoints of an earlier run: pass --resume to continue "
-                             "it, or --overwrite to start afresh (its checkpoints are deleted)")
-        raise ValueError(f"--output {path} already holds files: pass --overwrite to train into it anyway "
-                         "(files of the same names are replaced), or choose another folder")
 
 
 def run(args) -> int:
-    _check_output(Path(args.output), args.resume, args.overwrite)  # before the imports: Paddle's take seconds
+    check_output(Path(args.output), args.resume, args.overwrite)  # before the imports: Paddle's take seconds
     import anychip
     from anychip.devices import describe
 
@@ -109,7 +57,7 @@ def run(args) -> int:
     from ..lora import LoraConfig
     from ..training.data import ChatFormat, format_bad_records, load_sft_data
     from ..training.model import TrainableModel
-    from ..training.trainer import TrainArgs, Trainer, device_label
+    from ..training.trainer import Trainer, device_label
 
     device = anychip.set_device(args.device)
     name, _, index = device.partition(":")
@@ -130,15 +78,10 @@ def run(args) -> int:
                           targets=tuple(t.strip() for t in args.lora_targets.split(",") if t.strip()),
                           base_model=args.model if args.model in _known_models() else str(path.resolve()),
                           base_weights=args.lora_base, seed=args.seed)
-    train_args = TrainArgs(
-        max_length=args.max_length, batch_size=args.batch_size, grad_accum=args.grad_accum, epochs=args.epochs,
-        max_steps=args.max_steps, lr=args.lr if args.lr is not None else (2e-4 if args.lora else 2e-5),
-        warmup_steps=args.warmup_steps, schedule=args.schedule, weight_decay=args.weight_decay,
-        max_grad_norm=args.max_grad_norm or None, zero_padding=args.zero_padding, eval_steps=args.eval_steps,
-        save_steps=args.save_steps, save_total_limit=args.save_total_limit, seed=args.seed)
     model = TrainableModel(base, device, lora=lora, recompute=args.recompute, seed=args.seed,
                            compute_dtype=args.compute_dtype)
-    trainer = Trainer(model, base, train, dev, train_args, args.output)
+    trainer = Trainer(model, base, train, dev, train_args(args, 2e-4 if args.lora else 2e-5,
+                                                          zero_padding=args.zero_padding), args.output)
     trained = sum(int(p.size) for p in model.params.values())
     print(f"finetune on {device_label(device)}: {len(train)} examples ({len(bad)} skipped), {len(dev)} for "
           f"evaluation; {'LoRA' if lora else 'full'} training of {trained:,} parameters for {trainer.total_steps} "

@@ -143,6 +143,23 @@ def padded_batches(examples: list[Example], batch_size: int) -> list[Batch]:
     return batches
 
 
+class ExampleData:
+    """Fine-tuning examples as the Trainer draws them: ``batches(order, args)`` packs (zero
+    padding) or pads the examples at ``order``, in that order."""
+
+    def __init__(self, examples: list[Example]):
+        self.examples = examples
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def batches(self, order, args) -> list[Batch]:
+        examples = [self.examples[i] for i in order]
+        if args.zero_padding:
+            return packed_batches(examples, args.max_length, args.batch_size, args.buffer_size)
+        return padded_batches(examples, args.batch_size)
+
+
 def padding_efficiency(examples: list[Example], max_length: int, batch_size: int,
                        buffer_size: int = 500) -> dict:
     """The share of real tokens among all the tokens computed, under zero padding (packs of

@@ -1,5 +1,5 @@
-"""The fine-tuning loop: batches (zero-padded packs or plain padding) in a seeded order per
-epoch, gradient accumulation weighted by target tokens, clipping, AdamW with a warmup + decay
+"""The training loop of fine-tuning and pretraining: batches (zero-padded packs, plain padding,
+or windows of a token stream) in a seeded order per epoch, gradient accumulation weighted by target tokens, clipping, AdamW with a warmup + decay
 schedule, periodic evaluation, a metrics log, unified checkpoints and exact resume.
 
 Everything random derives from (seed, epoch) for the data order and (seed, step, micro-batch)
@@ -29,7 +29,7 @@ from . import checkpoints
 from .data import Example
 from .model import TrainableModel
 from .optimizer import AdamW, learning_rate
-from .packing import Batch, packed_batches, padded_batches
+from .packing import Batch, ExampleData
 
 paddle = import_paddle()
 
@@ -71,15 +71,20 @@ class TrainArgs:
 class Trainer:
     """Trains ``model`` on ``train`` (evaluating on ``dev``) into ``output``: checkpoints
     ``checkpoint-<step>/``, ``metrics.jsonl``, ``loss.png`` and, at the end, the model itself
-    (a Hugging Face folder for full fine-tuning, an adapter for LoRA)."""
+    (a Hugging Face folder for full training, an adapter for LoRA).
+
+    ``train`` and ``dev`` are fine-tuning Examples, or any data with ``len()`` and
+    ``batches(order, args) -> list[Batch]`` (pretraining's TokenSequences); ``kind`` names
+    the run in the progress bar and the plot."""
 
     def __init__(self, model: TrainableModel, base: Checkpoint, train: list[Example], dev: list[Example],
-                 args: TrainArgs, output: str | Path, progress: bool = True):
-        if not train:
+                 args: TrainArgs, output: str | Path, progress: bool = True, kind: str = "finetune"):
+        train, dev = (d if hasattr(d, "batches") else ExampleData(d) for d in (train, dev))
+        if not len(train):
             raise ValueError("no training examples")
         self.model, self.base, self.train_set, self.dev_set, self.args = model, base, train, dev, args
         self.output = Path(output)
-        self.progress = progress
+        self.progress, self.kind = progress, kind
         self.optimizer = AdamW(model.params, weight_decay=args.weight_decay)
         self.steps_per_epoch = math.ceil(len(self._epoch_batches(0)) / args.grad_accum)
         self.total_steps = args.max_steps or max(1, math.ceil(args.epochs * self.steps_per_epoch))
@@ -90,15 +95,10 @@ class Trainer:
 
     def _epoch_batches(self, epoch: int) -> list[Batch]:
         order = np.random.default_rng([self.args.seed, epoch]).permutation(len(self.train_set))
-        examples = [self.train_set[i] for i in order]
-        if self.args.zero_padding:
-            return packed_batches(examples, self.args.max_length, self.args.batch_size, self.args.buffer_size)
-        return padded_batches(examples, self.args.batch_size)
+        return self.train_set.batches(order, self.args)
 
     def _dev_batches(self) -> list[Batch]:
-        if self.args.zero_padding:
-            return packed_batches(self.dev_set, self.args.max_length, self.args.batch_size, self.args.buffer_size)
-        return padded_batches(self.dev_set, self.args.batch_size)
+        return self.dev_set.batches(range(len(self.dev_set)), self.args)
 
     def _next_micro_batches(self) -> list[Batch]:
         batches = self._batches
@@ -127,16 +127,16 @@ class Trainer:
             raise FileExistsError(f"{self.output} holds checkpoints of an earlier run: resume it, or choose "
                                   "another output folder")
         self._batches = self._epoch_batches(self.epoch)
-        if self.step == 0 and self.dev_set:  # the starting point of the evaluation curve
+        if self.step == 0 and len(self.dev_set):  # the starting point of the evaluation curve
             self._log({"step": 0, **self.evaluate()})
-        bar = tqdm(total=self.total_steps, initial=self.step, desc="finetune", unit="step", disable=not self.progress)
+        bar = tqdm(total=self.total_steps, initial=self.step, desc=self.kind, unit="step", disable=not self.progress)
         record = {}
         while self.step < self.total_steps:
             record = self._train_step()
             bar.update(1)
             bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}", tok_s=f"{record['tokens_per_s']:.0f}")
             last = self.step == self.total_steps
-            if self.dev_set and ((self.args.eval_steps and self.step % self.args.eval_steps == 0) or last):
+            if len(self.dev_set) and ((self.args.eval_steps and self.step % self.args.eval_steps == 0) or last):
                 record.update(self.evaluate())
                 bar.write(f"step {self.step}: eval loss {record['eval_loss']:.4f}, perplexity {record['eval_ppl']:.2f}")
             self._log(record)
@@ -265,7 +265,8 @@ class Trainer:
             ax.plot([r["step"] for r in evals], [r["eval_loss"] for r in evals], "o-", label="eval loss")
         ax.set_xlabel("step")
         ax.set_ylabel("loss (nats per target token)")
-        ax.set_title(f"fine-tuning on {device_label(self.model.device)}")
+        ax.set_title(f"{'pretraining' if self.kind == 'pretrain' else 'fine-tuning'} on "
+                     f"{device_label(self.model.device)}")
         ax.grid(alpha=0.3)
         ax.legend()
         fig.tight_layout()

@@ -1,0 +1,82 @@
+"""What the training commands (``finetune``, ``pretrain``) share: their run and training flags,
+the check of ``--output`` before any work, and TrainArgs from the parsed flags."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def add_run_flags(p) -> None:
+    """--output, --resume, --overwrite."""
+    p.add_argument("--output", required=True, metavar="DIR", help="where checkpoints and the result go")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --output")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start afresh in an --output that holds files: an earlier run's checkpoints and "
+                        "metrics.jsonl are deleted, the model files replaced")
+
+
+def add_training_flags(p, max_length: int, lr_help: str, max_length_help: str):
+    """The "training" group of flags; returned, for a command's own additions."""
+    g = p.add_argument_group("training")
+    g.add_argument("--max-length", type=int, default=max_length, metavar="N", help=max_length_help)
+    g.add_argument("--batch-size", type=int, default=1, metavar="B", help="sequences per micro-batch (default 1)")
+    g.add_argument("--grad-accum", type=int, default=1, metavar="N", help="micro-batches per optimizer step (default 1)")
+    g.add_argument("--epochs", type=float, default=1.0, metavar="E", help="passes over the data (default 1)")
+    g.add_argument("--max-steps", type=int, metavar="N", help="optimizer steps (overrides --epochs)")
+    g.add_argument("--lr", type=float, default=None, metavar="LR", help=lr_help)
+    g.add_argument("--schedule", choices=("cosine", "linear", "constant"), default="cosine",
+                   help="decay after warmup (default cosine)")
+    g.add_argument("--warmup-steps", type=int, default=0, metavar="N", help="linear warmup steps (default 0)")
+    g.add_argument("--weight-decay", type=float, default=0.0, metavar="W", help="AdamW weight decay (default 0)")
+    g.add_argument("--max-grad-norm", type=float, default=1.0, metavar="N",
+                   help="clip the global gradient norm to N (0: off; default 1)")
+    g.add_argument("--compute-dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="dtype of the matmuls (bfloat16: AMX on CPUs that have it); weights, optimizer state and "
+                        "the other ops stay float32")
+    g.add_argument("--recompute", action="store_true",
+                   help="recompute each layer's activations in the backward instead of keeping them (less memory)")
+    g.add_argument("--eval-steps", type=int, metavar="N", help="evaluate every N steps (and at the end)")
+    g.add_argument("--save-steps", type=int, metavar="N", help="checkpoint every N steps (and at the end)")
+    g.add_argument("--save-total-limit", type=int, default=3, metavar="N", help="checkpoints to keep (default 3)")
+    g.add_argument("--seed", type=int, default=42,
+                   help="seed for the data order, the initial weights or adapters, and dropout")
+    return g
+
+
+def check_output(path: Path, resume: bool, overwrite: bool) -> None:
+    """Refuses, before any work, an --output the run cannot use the way it was asked to."""
+    from ..training.checkpoints import latest_checkpoint
+
+    if resume and overwrite:
+        raise ValueError("--resume continues the run in --output, --overwrite starts afresh over it: pass one")
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--output {path} is a file, not a folder: choose another path")
+    existing = next(p for p in (path, *path.parents) if p.exists())  # what the run's mkdir starts from
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        why = "is a file" if not existing.is_dir() else "is not writable"
+        raise ValueError(f"--output {path} cannot be created: {existing} {why}; choose another place")
+    earlier = latest_checkpoint(path) is not None
+    holds_files = path.is_dir() and any(path.iterdir())
+    if resume and not earlier:
+        raise ValueError(f"--resume: {path} holds no complete checkpoint-<step> folder to resume from; "
+                         + ("pass --overwrite instead to start afresh over its files" if holds_files
+                            else "run without --resume to start afresh"))
+    if holds_files and not (resume or overwrite):
+        if earlier:
+            raise ValueError(f"--output {path} holds checkpoints of an earlier run: pass --resume to continue "
+                             "it, or --overwrite to start afresh (its checkpoints are deleted)")
+        raise ValueError(f"--output {path} already holds files: pass --overwrite to train into it anyway "
+                         "(files of the same names are replaced), or choose another folder")
+
+
+def train_args(args, lr: float, **extra):
+    """TrainArgs from the parsed training flags (``lr`` when --lr was not given)."""
+    from ..training.trainer import TrainArgs
+
+    return TrainArgs(
+        max_length=args.max_length, batch_size=args.batch_size, grad_accum=args.grad_accum, epochs=args.epochs,
+        max_steps=args.max_steps, lr=args.lr if args.lr is not None else lr, warmup_steps=args.warmup_steps,
+        schedule=args.schedule, weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm or None,
+        eval_steps=args.eval_steps, save_steps=args.save_steps, save_total_limit=args.save_total_limit,
+        seed=args.seed, **extra)
