@@ -11,6 +11,11 @@ positions with a loss. FLOPs: 4 x (layer matmul weights x tokens + head weights 
 positions), the forward and the input gradient of every frozen matmul (adapters and attention
 excluded). The zero-padding figure (share of real tokens, packs against plain padding to the
 longest of a batch) is in the case notes.
+
+DPO: one LoRA step (both responses' log-probabilities, the sigmoid loss against precomputed
+reference log-probabilities, backward, AdamW) on the sample preference pairs that fill two
+512-token rows, shared-prompt packed (each prompt once, a shared-question FlashMask) against the
+same pairs unpacked (prompt + chosen and prompt + rejected rows, padded to the longest).
 """
 
 from __future__ import annotations
@@ -198,3 +203,79 @@ def test_same_loss(setup, pd):
     ours = float(AnychipStep(ckpt, batch, "float32").model.batch_loss(batch, batch.loss_tokens)[0])
     theirs = float(PlainPaddleStep(pd, ckpt, batch).loss())
     assert ours == pytest.approx(theirs, rel=1e-4)
+
+
+# ---- DPO: shared-prompt packing against unpacked pairs --------------------------------------------
+
+DPO_ROWS = 2  # 512-token packed rows of preference pairs
+
+
+@pytest.fixture(scope="module")
+def dpo_setup(setup):
+    """SmolLM2 and the first sample preference pairs that fill DPO_ROWS packed rows, with their
+    reference log-probabilities (the model before any step)."""
+    from pathlib import Path
+
+    from anychip_models.training.data import ChatFormat
+    from anychip_models.training.preference import load_preference_data, packed_pair_batches, unpacked_pair_batches
+
+    ckpt = setup[0]
+    data = Path(__file__).resolve().parents[1] / "models" / "training" / "sample_preferences"
+    pairs, _ = load_preference_data(data, ChatFormat.from_tokenizer(ckpt.tokenizer), MAX_LENGTH)
+    first = packed_pair_batches(pairs, range(len(pairs)), MAX_LENGTH, DPO_ROWS)[0]
+    pairs = [pairs[i] for i in first.pairs]
+    packed = packed_pair_batches(pairs, range(len(pairs)), MAX_LENGTH, DPO_ROWS)[0]
+    assert packed.num_pairs == len(pairs)
+    unpacked = unpacked_pair_batches(pairs, range(len(pairs)), len(pairs))[0]
+    return ckpt, packed, unpacked
+
+
+def dpo_case(ckpt, packed, unpacked) -> Case:
+    c = ckpt.config
+    layer = c.hidden_size * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim + c.num_heads * c.head_dim * c.hidden_size \
+        + 3 * c.hidden_size * c.intermediate_size
+    flops = 4.0 * (layer * c.num_layers * packed.real_tokens + c.vocab_size * c.hidden_size * len(packed.rows))
+    return Case(f"SmolLM2-135M DPO LoRA r{RANK} step, {packed.num_pairs} preference pairs", "compute", flops,
+                peak="fp32", targets=(FasterThan("unpacked", 1.4, "the same pairs unpacked"),),
+                note=f"packed: {packed.input_ids.shape[0]} rows of {MAX_LENGTH}, {packed.real_tokens} tokens; unpacked: "
+                     f"{unpacked.input_ids.shape[0]} rows of {unpacked.input_ids.shape[1]}, {unpacked.real_tokens} tokens "
+                     "before padding; FLOPs counted for the packed tokens (the work both do)")
+
+
+class DpoStep:
+    def __init__(self, ckpt, batch):
+        from anychip.paddle_frontend import import_paddle
+        from anychip_models.lora import LoraConfig
+        from anychip_models.training.dpo import sequence_logps
+        from anychip_models.training.model import TrainableModel
+        from anychip_models.training.optimizer import AdamW
+
+        self.paddle = import_paddle()
+        self.model = TrainableModel(ckpt, ("cpu", 0), lora=LoraConfig(rank=RANK))
+        self.optimizer = AdamW(self.model.params)
+        self.batch, self.step = batch, 0
+        with self.paddle.no_grad():
+            self.ref = [t.numpy() for t in sequence_logps(self.model, batch)]
+
+    def __call__(self):
+        from anychip_models.training.dpo import preference_loss, sequence_logps
+
+        self.step += 1
+        chosen, rejected = sequence_logps(self.model, self.batch)
+        h = (chosen - self.paddle.to_tensor(self.ref[0])) - (rejected - self.paddle.to_tensor(self.ref[1]))
+        loss = preference_loss(h, beta=0.1).sum() / self.batch.num_pairs
+        loss.backward()
+        self.optimizer.clip_grad_norm(1.0)
+        self.optimizer.step(1e-4, self.step)
+        self.optimizer.zero_grad()
+        return loss
+
+
+@pytest.mark.parametrize("packing", ["packed", "unpacked"])
+def test_dpo_step(benchmark, bench, dpo_setup, packing):
+    ckpt, packed, unpacked = dpo_setup
+    run = DpoStep(ckpt, packed if packing == "packed" else unpacked)
+    impl = "anychip" if packing == "packed" else "unpacked"
+    label = "anychip, shared-prompt packing" if packing == "packed" else "anychip, unpacked pairs"
+    bench.run(benchmark, dpo_case(ckpt, packed, unpacked), impl, run, label=label, min_rounds=3, max_rounds=10,
+              warmup=1, notes=f"{THREADS} threads")

@@ -42,11 +42,23 @@ def prefix_lm(doc_lens, prefix_lens) -> np.ndarray:
 def share_question(question_len: int, answer_lens) -> np.ndarray:
     """One question followed by several answers, each answer seeing the question and itself but
     not the other answers (causal=True; E=2: [LTS, LTE])."""
-    seq = question_len + int(sum(answer_lens))
+    return packed_share_question([(question_len, answer_lens)], question_len + int(sum(answer_lens)))
+
+
+def packed_share_question(groups, seq: int) -> np.ndarray:
+    """Groups of (question_len, answer_lens) packed one after another into ``seq`` tokens, each
+    a ``share_question`` that nothing outside it sees; the tokens after the last group (padding)
+    are one more document (causal=True; E=2: [LTS, LTE])."""
     lts = np.full(seq, seq)
     lte = np.full(seq, seq)
-    start = question_len
-    for length in answer_lens:
-        lts[start:start + length] = start + length  # later answers don't see this answer
-        start += length
+    start = 0
+    for question_len, answer_lens in groups:
+        end = start + question_len + int(sum(answer_lens))
+        lts[start:start + question_len] = end  # the question: seen by its own answers only
+        start += question_len
+        for length in answer_lens:
+            lts[start:start + length] = start + length  # later answers don't see this answer
+            start += length
+    if start > seq:
+        raise ValueError(f"the groups hold {start} tokens, more than seq {seq}")
     return _stack(lts, lte)

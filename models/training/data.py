@@ -323,10 +323,17 @@ def load_sft_data(path, fmt: ChatFormat, max_length: int, on_bad: str = "skip",
     src/tgt, an empty target, unequal turn counts, nothing left to learn after truncation) are
     returned with their line numbers (``on_bad="skip"``) or make it raise DataError listing them
     (``on_bad="fail"``)."""
-    if on_bad not in ("skip", "fail"):
-        raise ValueError(f"on_bad must be 'skip' or 'fail', not {on_bad!r}")
     if max_length < 2:
         raise ValueError(f"max_length must be at least 2, not {max_length}")
+    return load_records(path, lambda record, line: tokenize_record(fmt, record, max_length, line), on_bad, split)
+
+
+def load_records(path, tokenize, on_bad: str = "skip", split: str = "train") -> tuple[list, list[BadRecord]]:
+    """``tokenize(record, line)`` of every record of a jsonl file or a data folder's ``{split}``
+    file, with the bad records (DataError from ``tokenize`` or from reading them) as
+    load_sft_data reports them."""
+    if on_bad not in ("skip", "fail"):
+        raise ValueError(f"on_bad must be 'skip' or 'fail', not {on_bad!r}")
     file = data_file(path, split)
     lines = file.read_bytes().splitlines()
     first = next((raw.strip() for raw in lines if raw.strip()), b"")
@@ -348,7 +355,7 @@ def load_sft_data(path, fmt: ChatFormat, max_length: int, on_bad: str = "skip",
                 raise DataError(f"not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
             except json.JSONDecodeError as exc:
                 raise DataError(f"invalid JSON ({exc.msg} at column {exc.colno})") from None
-            examples.append(tokenize_record(fmt, record, max_length, number))
+            examples.append(tokenize(record, number))
         except _FatalDataError as exc:
             raise DataError(f"{file}:{number}: {exc}") from None
         except DataError as exc:

@@ -138,7 +138,8 @@ class Trainer:
             last = self.step == self.total_steps
             if len(self.dev_set) and ((self.args.eval_steps and self.step % self.args.eval_steps == 0) or last):
                 record.update(self.evaluate())
-                bar.write(f"step {self.step}: eval loss {record['eval_loss']:.4f}, perplexity {record['eval_ppl']:.2f}")
+                bar.write(f"step {self.step}: " + ", ".join(f"{k.removeprefix('eval_').replace('_', ' ')} {v:.4f}"
+                                                            for k, v in record.items() if k.startswith("eval_")))
             self._log(record)
             if (self.args.save_steps and self.step % self.args.save_steps == 0) or last:
                 self.save()
@@ -151,22 +152,38 @@ class Trainer:
         started = time.perf_counter()
         micro = self._next_micro_batches()
         self.step += 1
-        denominator = sum(b.loss_tokens for b in micro)
+        denominator = sum(self._weight(b) for b in micro)
         self.model.dropout.training = True
-        total = 0.0
+        total, sums = 0.0, {}
         for j, batch in enumerate(micro):
             self.model.dropout.step, self.model.dropout.micro = self.step, j
-            loss, _ = self.model.batch_loss(batch, denominator)
+            loss, metrics = self._loss(batch, denominator)
             loss.backward()
             total += float(loss)
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + float(value)
         norm = self.optimizer.clip_grad_norm(self.args.max_grad_norm)
         lr = learning_rate(self.step, self.args.lr, self.args.warmup_steps, self.total_steps, self.args.schedule)
         self.optimizer.step(lr, self.step)
         self.optimizer.zero_grad()
         seconds = time.perf_counter() - started
         tokens = sum(b.real_tokens for b in micro)
-        return {"step": self.step, "epoch": self.epoch, "loss": total, "lr": lr, "grad_norm": norm,
-                "tokens": tokens, "target_tokens": denominator, "tokens_per_s": tokens / seconds, "seconds": seconds}
+        return {"step": self.step, "epoch": self.epoch, "loss": total, **self._finish_metrics(sums, denominator),
+                "lr": lr, "grad_norm": norm, "tokens": tokens, "target_tokens": denominator,
+                "tokens_per_s": tokens / seconds, "seconds": seconds}
+
+    # The objective, which DPO replaces: a micro-batch's weight in its step (its target tokens),
+    # its loss (divided by the step's total weight) with metrics to sum, and their step values.
+
+    def _weight(self, batch) -> int:
+        return batch.loss_tokens
+
+    def _loss(self, batch, denominator: int):
+        loss, _ = self.model.batch_loss(batch, denominator)
+        return loss, {}
+
+    def _finish_metrics(self, sums: dict, denominator: int) -> dict:
+        return {}
 
     def evaluate(self) -> dict:
         """Mean target-token loss and perplexity on the dev set."""
@@ -264,9 +281,9 @@ class Trainer:
         if evals:
             ax.plot([r["step"] for r in evals], [r["eval_loss"] for r in evals], "o-", label="eval loss")
         ax.set_xlabel("step")
-        ax.set_ylabel("loss (nats per target token)")
-        ax.set_title(f"{'pretraining' if self.kind == 'pretrain' else 'fine-tuning'} on "
-                     f"{device_label(self.model.device)}")
+        ax.set_ylabel("loss (per preference pair)" if self.kind == "dpo" else "loss (nats per target token)")
+        what = {"pretrain": "pretraining", "dpo": "DPO"}.get(self.kind, "fine-tuning")
+        ax.set_title(f"{what} on {device_label(self.model.device)}")
         ax.grid(alpha=0.3)
         ax.legend()
         fig.tight_layout()
