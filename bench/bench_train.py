@@ -76,9 +76,12 @@ class AnychipStep:
         self.optimizer = AdamW(self.model.params)
         self.batch, self.step = batch, 0
 
+    def loss(self):
+        return self.model.batch_loss(self.batch, self.batch.loss_tokens)[0]
+
     def __call__(self):
         self.step += 1
-        loss, _ = self.model.batch_loss(self.batch, self.batch.loss_tokens)
+        loss = self.loss()
         loss.backward()
         self.optimizer.clip_grad_norm(1.0)
         self.optimizer.step(1e-4, self.step)
@@ -200,7 +203,7 @@ def test_plain_paddle_lora_step(benchmark, bench, setup, pd):
 def test_same_loss(setup, pd):
     """The peer computes the same thing: its first loss equals anychip's (adapters start at B = 0)."""
     ckpt, batch, _ = setup
-    ours = float(AnychipStep(ckpt, batch, "float32").model.batch_loss(batch, batch.loss_tokens)[0])
+    ours = float(AnychipStep(ckpt, batch, "float32").loss())
     theirs = float(PlainPaddleStep(pd, ckpt, batch).loss())
     assert ours == pytest.approx(theirs, rel=1e-4)
 
@@ -242,33 +245,24 @@ def dpo_case(ckpt, packed, unpacked) -> Case:
                      "before padding; FLOPs counted for the packed tokens (the work both do)")
 
 
-class DpoStep:
+class DpoStep(AnychipStep):
+    """AnychipStep with DPO's loss, against the reference log-probabilities of its start."""
+
     def __init__(self, ckpt, batch):
         from anychip.paddle_frontend import import_paddle
-        from anychip_models.lora import LoraConfig
         from anychip_models.training.dpo import sequence_logps
-        from anychip_models.training.model import TrainableModel
-        from anychip_models.training.optimizer import AdamW
 
+        super().__init__(ckpt, batch, "float32")
         self.paddle = import_paddle()
-        self.model = TrainableModel(ckpt, ("cpu", 0), lora=LoraConfig(rank=RANK))
-        self.optimizer = AdamW(self.model.params)
-        self.batch, self.step = batch, 0
         with self.paddle.no_grad():
             self.ref = [t.numpy() for t in sequence_logps(self.model, batch)]
 
-    def __call__(self):
+    def loss(self):
         from anychip_models.training.dpo import preference_loss, sequence_logps
 
-        self.step += 1
         chosen, rejected = sequence_logps(self.model, self.batch)
         h = (chosen - self.paddle.to_tensor(self.ref[0])) - (rejected - self.paddle.to_tensor(self.ref[1]))
-        loss = preference_loss(h, beta=0.1).sum() / self.batch.num_pairs
-        loss.backward()
-        self.optimizer.clip_grad_norm(1.0)
-        self.optimizer.step(1e-4, self.step)
-        self.optimizer.zero_grad()
-        return loss
+        return preference_loss(h, beta=0.1).sum() / self.batch.num_pairs
 
 
 @pytest.mark.parametrize("packing", ["packed", "unpacked"])

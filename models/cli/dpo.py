@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 from .session import DEFAULT_MODEL
-from .training_flags import add_run_flags, add_training_flags, check_output, train_args
+from .training_flags import (add_lora_flags, add_run_flags, add_training_flags, chat_model, check_output,
+                             lora_config, train_args, training_device)
 
 
 def add_parser(sub, common):
@@ -40,12 +41,7 @@ def add_parser(sub, common):
     g.add_argument("--label-smoothing", type=float, default=0.0, metavar="S",
                    help="with --loss sigmoid: the assumed share of flipped preference labels (default 0)")
 
-    g = p.add_argument_group("LoRA")
-    g.add_argument("--lora", action="store_true", help="train LoRA adapters on a frozen base (the reference)")
-    g.add_argument("--lora-rank", type=int, default=8, metavar="R", help="adapter rank (default 8)")
-    g.add_argument("--lora-alpha", type=float, default=16.0, metavar="A", help="scaling alpha / rank (default alpha 16)")
-    g.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", metavar="LIST",
-                   help="comma-separated projections to adapt (default: all seven)")
+    add_lora_flags(p, "train LoRA adapters on a frozen base (the reference)")
 
     g = add_training_flags(p, 512, "peak learning rate (default 5e-5 with --lora, 5e-7 otherwise)",
                            "tokens of a prompt and its two responses together (default 512)")
@@ -55,27 +51,14 @@ def add_parser(sub, common):
 
 def run(args) -> int:
     check_output(Path(args.output), args.resume, args.overwrite)  # before the imports: Paddle's take seconds
-    import anychip
-    from anychip.devices import describe
-
-    from ..checkpoint import load_checkpoint
-    from ..hub import MODELS, resolve
-    from ..lora import LoraConfig
-    from ..training.data import ChatFormat, format_bad_records
+    from ..training.data import format_bad_records
     from ..training.dpo import DpoTrainer
     from ..training.model import TrainableModel
     from ..training.preference import PreferenceData, load_preference_data
     from ..training.trainer import device_label
 
-    device = anychip.set_device(args.device)
-    name, _, index = device.partition(":")
-    device = (name, int(index or 0))
-    if describe(name).status == "simulated":
-        print(f"anychip: {name} is simulated: its timings are the host CPU's, not the chip's", file=sys.stderr)
-    path = resolve(args.model)
-    base = load_checkpoint(path, weights="float")
-    fmt = (ChatFormat.from_json(args.chat_template, base.tokenizer) if args.chat_template
-           else ChatFormat.from_tokenizer(base.tokenizer))
+    device = training_device(args)
+    path, base, fmt = chat_model(args)
     train, bad = load_preference_data(args.data, fmt, args.max_length, on_bad=args.on_bad_record)
     if bad:
         print(format_bad_records(args.data, bad), file=sys.stderr)
@@ -87,11 +70,7 @@ def run(args) -> int:
         if dev_bad:
             print(format_bad_records(args.eval_data or folder, dev_bad, split="train" if args.eval_data else "dev"),
                   file=sys.stderr)
-    lora = None
-    if args.lora:
-        lora = LoraConfig(rank=args.lora_rank, alpha=args.lora_alpha,
-                          targets=tuple(t.strip() for t in args.lora_targets.split(",") if t.strip()),
-                          base_model=args.model if args.model in MODELS else str(path.resolve()), seed=args.seed)
+    lora = lora_config(args, path)
     model = TrainableModel(base, device, lora=lora, recompute=args.recompute, seed=args.seed,
                            compute_dtype=args.compute_dtype)
     trainer = DpoTrainer(model, base, PreferenceData(train), PreferenceData(dev),

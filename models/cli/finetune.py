@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 from .session import DEFAULT_MODEL
-from .training_flags import add_run_flags, add_training_flags, check_output, train_args
+from .training_flags import (add_lora_flags, add_run_flags, add_training_flags, chat_model, check_output,
+                             lora_config, train_args, training_device)
 
 
 def add_parser(sub, common):
@@ -31,13 +32,8 @@ def add_parser(sub, common):
                    help="a malformed record is reported with its line number and skipped (default), or stops the run")
     add_run_flags(p)
 
-    g = p.add_argument_group("LoRA")
-    g.add_argument("--lora", action="store_true", help="train LoRA adapters on a frozen base instead of every weight")
-    g.add_argument("--lora-rank", type=int, default=8, metavar="R", help="adapter rank (default 8)")
-    g.add_argument("--lora-alpha", type=float, default=16.0, metavar="A", help="scaling alpha / rank (default alpha 16)")
+    g = add_lora_flags(p, "train LoRA adapters on a frozen base instead of every weight")
     g.add_argument("--lora-dropout", type=float, default=0.0, metavar="P", help="dropout on adapter inputs (default 0)")
-    g.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", metavar="LIST",
-                   help="comma-separated projections to adapt (default: all seven)")
     g.add_argument("--lora-base", choices=("float", "int8", "int4"), default="float",
                    help="keep the frozen base as float32, or weight-only int8/int4 (QLoRA-style)")
 
@@ -49,35 +45,17 @@ def add_parser(sub, common):
 
 def run(args) -> int:
     check_output(Path(args.output), args.resume, args.overwrite)  # before the imports: Paddle's take seconds
-    import anychip
-    from anychip.devices import describe
-
-    from ..checkpoint import load_checkpoint
-    from ..hub import resolve
-    from ..lora import LoraConfig
-    from ..training.data import ChatFormat, format_bad_records, load_sft_data
+    from ..training.data import format_bad_records, load_sft_data
     from ..training.model import TrainableModel
     from ..training.trainer import Trainer, device_label
 
-    device = anychip.set_device(args.device)
-    name, _, index = device.partition(":")
-    device = (name, int(index or 0))
-    if describe(name).status == "simulated":
-        print(f"anychip: {name} is simulated: its timings are the host CPU's, not the chip's", file=sys.stderr)
-    path = resolve(args.model)
-    base = load_checkpoint(path, weights="float")
-    fmt = (ChatFormat.from_json(args.chat_template, base.tokenizer) if args.chat_template
-           else ChatFormat.from_tokenizer(base.tokenizer))
+    device = training_device(args)
+    path, base, fmt = chat_model(args)
     train, bad = load_sft_data(args.data, fmt, args.max_length, on_bad=args.on_bad_record)
     if bad:
         print(format_bad_records(args.data, bad), file=sys.stderr)
     dev = _eval_examples(args, fmt)
-    lora = None
-    if args.lora:
-        lora = LoraConfig(rank=args.lora_rank, alpha=args.lora_alpha, dropout=args.lora_dropout,
-                          targets=tuple(t.strip() for t in args.lora_targets.split(",") if t.strip()),
-                          base_model=args.model if args.model in _known_models() else str(path.resolve()),
-                          base_weights=args.lora_base, seed=args.seed)
+    lora = lora_config(args, path)
     model = TrainableModel(base, device, lora=lora, recompute=args.recompute, seed=args.seed,
                            compute_dtype=args.compute_dtype)
     trainer = Trainer(model, base, train, dev, train_args(args, 2e-4 if args.lora else 2e-5,
@@ -107,12 +85,6 @@ def _padding_report(train, args) -> str:
     return (f"real tokens: {packed['zero_padding']:.0%} with zero padding ({packed['sequences_packed']} packs of "
             f"{args.max_length}), {padded['padding']:.0%} padding batches of {per_batch} examples to their longest; "
             f"using {using}")
-
-
-def _known_models():
-    from ..hub import MODELS
-
-    return MODELS
 
 
 def _eval_examples(args, fmt):

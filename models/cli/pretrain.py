@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from .session import DEFAULT_MODEL
-from .training_flags import add_run_flags, add_training_flags, check_output, train_args
+from .training_flags import add_run_flags, add_training_flags, check_output, train_args, training_device
 
 SAMPLE_CONFIG = Path(__file__).resolve().parents[1] / "training" / "configs" / "llama-tiny.json"
 
@@ -55,9 +55,6 @@ def run(args) -> int:
     if args.config and not Path(args.config).is_file():
         raise ValueError(f"--config {args.config}: no such file (expected a Hugging Face config.json, e.g. "
                          f"{SAMPLE_CONFIG})")
-    import anychip
-    from anychip.devices import describe
-
     from ..checkpoint import load_checkpoint
     from ..hub import resolve
     from ..training.from_scratch import new_checkpoint
@@ -66,11 +63,7 @@ def run(args) -> int:
                                           tokenize_corpus)
     from ..training.trainer import Trainer, device_label
 
-    device = anychip.set_device(args.device)
-    name, _, index = device.partition(":")
-    device = (name, int(index or 0))
-    if describe(name).status == "simulated":
-        print(f"anychip: {name} is simulated: its timings are the host CPU's, not the chip's", file=sys.stderr)
+    device = training_device(args)
     if args.config:
         tokenizer = _tokenizer(resolve(args.tokenizer))
         base = new_checkpoint(args.config, tokenizer, args.seed)

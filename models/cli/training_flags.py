@@ -1,5 +1,6 @@
-"""What the training commands (``finetune``, ``pretrain``) share: their run and training flags,
-the check of ``--output`` before any work, and TrainArgs from the parsed flags."""
+"""What the training commands (``finetune``, ``pretrain``, ``dpo``) share: their run, LoRA and
+training flags, the check of ``--output`` before any work, the device they train on, and
+TrainArgs and LoraConfig from the parsed flags."""
 
 from __future__ import annotations
 
@@ -14,6 +15,57 @@ def add_run_flags(p) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="start afresh in an --output that holds files: an earlier run's checkpoints and "
                         "metrics.jsonl are deleted, the model files replaced")
+
+
+def add_lora_flags(p, lora_help: str):
+    """The "LoRA" group of flags; returned, for a command's own additions."""
+    g = p.add_argument_group("LoRA")
+    g.add_argument("--lora", action="store_true", help=lora_help)
+    g.add_argument("--lora-rank", type=int, default=8, metavar="R", help="adapter rank (default 8)")
+    g.add_argument("--lora-alpha", type=float, default=16.0, metavar="A", help="scaling alpha / rank (default alpha 16)")
+    g.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", metavar="LIST",
+                   help="comma-separated projections to adapt (default: all seven)")
+    return g
+
+
+def lora_config(args, model_path: Path):
+    """The LoraConfig the --lora flags ask for (None without --lora); the adapter names its base
+    as a known model's name, else by the resolved ``model_path``."""
+    if not args.lora:
+        return None
+    from ..hub import MODELS
+    from ..lora import LoraConfig
+
+    return LoraConfig(rank=args.lora_rank, alpha=args.lora_alpha, dropout=getattr(args, "lora_dropout", 0.0),
+                      targets=tuple(t.strip() for t in args.lora_targets.split(",") if t.strip()),
+                      base_model=args.model if args.model in MODELS else str(model_path.resolve()),
+                      base_weights=getattr(args, "lora_base", "float"), seed=args.seed)
+
+
+def training_device(args) -> tuple[str, int]:
+    """(chip, index) of --device, made current; a simulated chip is said to be one."""
+    import sys
+
+    import anychip
+    from anychip.devices import describe
+
+    name, _, index = anychip.set_device(args.device).partition(":")
+    if describe(name).status == "simulated":
+        print(f"anychip: {name} is simulated: its timings are the host CPU's, not the chip's", file=sys.stderr)
+    return name, int(index or 0)
+
+
+def chat_model(args):
+    """(resolved path, float32 checkpoint, chat format) of --model and --chat-template."""
+    from ..checkpoint import load_checkpoint
+    from ..hub import resolve
+    from ..training.data import ChatFormat
+
+    path = resolve(args.model)
+    base = load_checkpoint(path, weights="float")
+    fmt = (ChatFormat.from_json(args.chat_template, base.tokenizer) if args.chat_template
+           else ChatFormat.from_tokenizer(base.tokenizer))
+    return path, base, fmt
 
 
 def add_training_flags(p, max_length: int, lr_help: str, max_length_help: str):
