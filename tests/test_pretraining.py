@@ -6,6 +6,7 @@ no fallback, its checkpoint moving between devices."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -212,3 +213,21 @@ def test_pretrain_refuses_bad_arguments_before_any_work(tmp_path, corpus):
     assert r.returncode != 0 and "one of the arguments --config --model is required" in r.stderr
     r = run_anychip("pretrain", "--config", tmp_path / "none.json", "--data", corpus, "--output", tmp_path / "y")
     assert r.returncode != 0 and "none.json: no such file" in r.stderr
+
+
+def test_pretraining_continues_from_a_model(model_dir, corpus, tmp_path, base):
+    """--model: its weights are the start (the first loss is the model's own on the first
+    window), and the result is a model folder of the same shape."""
+    out = tmp_path / "run"
+    r = run_anychip("pretrain", "--model", model_dir, "--data", corpus, "--max-length", 16, "--batch-size", 1,
+                    "--max-steps", 3, "--lr", "1e-3", "--seed", 5, "--output", out)
+    assert r.returncode == 0, r.stderr
+    assert "continuing a model of" in r.stderr
+    stream = stream_of(corpus, base.tokenizer, tmp_path)
+    seqs = TokenSequences(stream, 16)
+    first = int(np.random.default_rng([5, 0]).permutation(len(seqs))[0])
+    model = TrainableModel(base, ("cpu", 0))
+    batch = seqs.batches([first], TrainArgs(batch_size=1))[0]
+    expected = float(per_token_losses(model, batch).mean())
+    assert losses(out)[0] == pytest.approx(expected, rel=1e-5)
+    assert replace(load_checkpoint(out).config, name="") == replace(load_checkpoint(model_dir).config, name="")
