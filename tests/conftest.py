@@ -29,6 +29,9 @@ def run_python(code: str, env: dict | None = None, timeout: float = 120) -> subp
     """Runs ``code`` in a fresh interpreter (Paddle registers devices once per process)."""
     full_env = dict(os.environ)
     full_env.pop("ANYCHIP_SIM_CHECK", None)
+    # the folder this test process's Paddle loaded (with the simulator checking, not what pip
+    # install wrote): a fresh interpreter chooses its own, as a user's script does
+    full_env.pop("CUSTOM_DEVICE_ROOT", None)
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env,
                           timeout=timeout)
