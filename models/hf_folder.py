@@ -70,7 +70,11 @@ def read_config(folder: Path) -> ModelConfig:
 
 def read_config_file(path: Path, name: str) -> ModelConfig:
     """A Hugging Face ``config.json`` (Llama, Qwen2, ...) as a ModelConfig named ``name``."""
-    cfg = read_json_object(path)
+    return config_from_json(read_json_object(path), path, name)
+
+
+def config_from_json(cfg: dict, path: Path, name: str) -> ModelConfig:
+    """``cfg``, the object of the config.json at ``path`` (named in errors), as a ModelConfig."""
     arch = cfg.get("model_type")
     if not isinstance(arch, str) or arch not in ARCHS:
         raise CheckpointError(f"{path}: unsupported model_type {shown(arch)} (supported: {', '.join(ARCHS)})")

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..checkpoint import Checkpoint, CheckpointError, ModelConfig, tensor_shapes
-from ..hf_folder import read_config_file, read_json_object
+from ..hf_folder import config_from_json, read_json_object
 
 
 def new_checkpoint(config_path: str | Path, tokenizer, seed: int) -> Checkpoint:
@@ -20,7 +20,7 @@ def new_checkpoint(config_path: str | Path, tokenizer, seed: int) -> Checkpoint:
     if not config_path.is_file():
         raise CheckpointError(f"--config {config_path}: no such file (expected a Hugging Face config.json)")
     raw = read_json_object(config_path)
-    config = read_config_file(config_path, config_path.stem)
+    config = config_from_json(raw, config_path, config_path.stem)
     if config.vocab_size < tokenizer.vocab_size:
         raise CheckpointError(f"{config_path}: vocab_size {config.vocab_size} is smaller than the tokenizer's "
                               f"{tokenizer.vocab_size} tokens")

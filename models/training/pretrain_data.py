@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from anychip.ops.masks import causal_document
 
-from .data import BadRecord, DataError
+from .data import LISTED_BAD, BadRecord, DataError
 from .packing import IGNORE, PAD_ID, Batch
 
 TEXT_SUFFIXES = (".txt", ".md", ".jsonl")
@@ -97,7 +97,6 @@ class TokenStream:
 
     tokens: np.ndarray
     starts: np.ndarray
-    eos_id: int
     source: str
 
     def __len__(self) -> int:
@@ -133,7 +132,7 @@ def tokenize_corpus(path: str | Path, tokenizer, split: str | None = None, cache
         bad = [(Path(f), BadRecord(line, reason)) for f, line, reason in meta["bad"]]
         if bad and on_bad == "fail":
             raise DataError(_bad_message(bad))
-        return _open(tokens_file, meta, tokenizer.eos_id, str(path)), bad
+        return _open(tokens_file, meta, str(path)), bad
 
     texts, bad = [], []
     for f in files:
@@ -161,7 +160,7 @@ def tokenize_corpus(path: str | Path, tokenizer, split: str | None = None, cache
     tmp = meta_file.with_name(f".tmp-{meta_file.name}-{os.getpid()}")
     tmp.write_text(json.dumps(meta))
     os.replace(tmp, meta_file)  # last: the pair is complete once it exists
-    return _open(tokens_file, meta, tokenizer.eos_id, str(path)), bad
+    return _open(tokens_file, meta, str(path)), bad
 
 
 def format_bad_documents(bad: list[tuple[Path, BadRecord]]) -> str:
@@ -170,9 +169,9 @@ def format_bad_documents(bad: list[tuple[Path, BadRecord]]) -> str:
 
 def _bad_message(bad, prefix: str = "bad records") -> str:
     lines = [f"{prefix}: {len(bad)} record(s)"]
-    lines += [f"  {f}:{b.line}: {b.reason}" for f, b in bad[:10]]
-    if len(bad) > 10:
-        lines.append(f"  ... and {len(bad) - 10} more")
+    lines += [f"  {f}:{b.line}: {b.reason}" for f, b in bad[:LISTED_BAD]]
+    if len(bad) > LISTED_BAD:
+        lines.append(f"  ... and {len(bad) - LISTED_BAD} more")
     return "\n".join(lines)
 
 
@@ -194,9 +193,9 @@ def _cache_key(files: list[Path], tokenizer) -> str:
     return h.hexdigest()[:24]
 
 
-def _open(tokens_file: Path, meta: dict, eos_id: int, source: str) -> TokenStream:
+def _open(tokens_file: Path, meta: dict, source: str) -> TokenStream:
     tokens = np.memmap(tokens_file, dtype=np.uint32, mode="r", shape=(meta["tokens"],))
-    return TokenStream(tokens, np.asarray(meta["starts"], dtype=np.int64), eos_id, source)
+    return TokenStream(tokens, np.asarray(meta["starts"], dtype=np.int64), source)
 
 
 class TokenSequences:
@@ -212,7 +211,7 @@ class TokenSequences:
         self.stream, self.max_length, self.document_mask = stream, max_length, document_mask
         # every token but the last is an input: its label is the token after it
         self.windows = -(-(len(stream) - 1) // max_length)
-        # is_eos[t]: token t ends a document; with the document mask it predicts nothing
+        # _ends[t]: token t ends a document (its EOS); with the document mask it predicts nothing
         self._ends = np.zeros(len(stream), dtype=bool)
         self._ends[stream.starts[1:] - 1] = True
         self._ends[-1] = True

@@ -1,5 +1,6 @@
-"""The training loop of fine-tuning and pretraining: batches (zero-padded packs, plain padding,
-or windows of a token stream) in a seeded order per epoch, gradient accumulation weighted by target tokens, clipping, AdamW with a warmup + decay
+"""The training loop of fine-tuning, pretraining and DPO: batches (zero-padded packs, plain
+padding, windows of a token stream, preference pairs) in a seeded order per epoch, gradient
+accumulation weighted by target tokens (or pairs), clipping, AdamW with a warmup + decay
 schedule, periodic evaluation, a metrics log, unified checkpoints and exact resume.
 
 Everything random derives from (seed, epoch) for the data order and (seed, step, micro-batch)
