@@ -155,6 +155,9 @@ class Checkpoint:
     tensors: dict[str, np.ndarray | QuantWeight]  # W8A8Weight is a QuantWeight
     tokenizer: Tokenizer
     source: Path
+    # Prefix Tuning's trained keys and values, float32 [L, 2, P, Hk, D] (anychip_models.prefix),
+    # which every sequence of a model built from this checkpoint attends to first
+    prefix: np.ndarray | None = None
 
 
 def _layer_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -199,8 +202,9 @@ def tensor_shape(config: ModelConfig, name: str) -> tuple[int, ...] | None:
 
 def load_checkpoint(path: str | Path, weights: str = "float") -> Checkpoint:
     """A .gguf file, a Hugging Face folder (config.json, *.safetensors, tokenizer.json), an anychip
-    quantized folder (the same plus quantization.json, see anychip_models.quantization.checkpoint)
-    or a LoRA adapter folder (merged into its base model). A plain folder's weights are float
+    quantized folder (the same plus quantization.json, see anychip_models.quantization.checkpoint),
+    a LoRA adapter folder (merged into its base model) or a prefix adapter folder (its base model
+    carrying the prefix, ``Checkpoint.prefix``). A plain folder's weights are float
     already, so both modes give float32 for it; a quantized folder's stay quantized with
     ``weights="native"`` (QuantWeight / W8A8Weight, as written) and are dequantized to float32 with
     ``"float"`` (W = q * scale exactly; A8W8's activation quantization is then not applied)."""
@@ -209,11 +213,13 @@ def load_checkpoint(path: str | Path, weights: str = "float") -> Checkpoint:
     path = Path(path)
     if path.is_dir():
         from .hf_folder import load_hf_folder
-        from .lora import is_adapter, load_merged
+        from . import lora, prefix
         from .quantization.checkpoint import is_quantized, load_quantized
 
-        if is_adapter(path):
-            return load_merged(path, weights)
+        if lora.is_adapter(path):
+            return lora.load_merged(path, weights)
+        if prefix.is_adapter(path):
+            return prefix.load_with_prefix(path, weights)
         if is_quantized(path):
             return load_quantized(path, dequantize=weights == "float")
         return load_hf_folder(path)

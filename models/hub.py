@@ -161,7 +161,7 @@ def cached() -> list[CachedModel]:
 
 def resolve(name_or_path: str | Path, pull: bool = True) -> Path:
     """A known model's cached file (pulled first if missing and ``pull``), or the given .gguf
-    file, Hugging Face folder or LoRA adapter folder itself."""
+    file, Hugging Face folder, or LoRA or prefix adapter folder itself."""
     if str(name_or_path) in MODELS:
         path = model_path(str(name_or_path))
         if path.is_file():
@@ -170,10 +170,11 @@ def resolve(name_or_path: str | Path, pull: bool = True) -> Path:
             raise HubError(f"model {name_or_path!r} is not in the cache ({models_dir()}); pull it first")
         return _pull(str(name_or_path))
     path = Path(name_or_path).expanduser()
-    if path.is_file() or (path.is_dir() and ((path / "config.json").is_file() or (path / "lora_config.json").is_file())):
+    markers = ("config.json", "lora_config.json", "prefix_config.json")
+    if path.is_file() or (path.is_dir() and any((path / marker).is_file() for marker in markers)):
         return path
     if path.is_dir():
-        raise HubError(f"{path}: a folder without config.json (a Hugging Face model) or lora_config.json "
-                       "(an anychip LoRA adapter) is not a model")
+        raise HubError(f"{path}: a folder without config.json (a Hugging Face model), lora_config.json or "
+                       "prefix_config.json (an anychip adapter) is not a model")
     raise HubError(f"{str(name_or_path)!r} is neither a file, a folder nor a known model "
                    f"(known: {', '.join(sorted(MODELS))})")

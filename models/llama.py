@@ -26,6 +26,22 @@ def _recompute(fn, *args):
     return recompute(fn, *args, use_reentrant=True)
 
 
+def _prefixed(prefix_kv, k, v):
+    """``k``, ``v`` [B, T, Hk, D] behind a layer's prefix ``prefix_kv`` [2, P, Hk, D] (when
+    given): [B, P + T, Hk, D] each."""
+    if prefix_kv is None:
+        return k, v
+    shape = [k.shape[0]] + list(prefix_kv.shape[1:])
+    return (paddle.concat([prefix_kv[0].unsqueeze(0).expand(shape), k], axis=1),
+            paddle.concat([prefix_kv[1].unsqueeze(0).expand(shape), v], axis=1))
+
+
+def _shifted(positions, by: int):
+    """``positions + by`` as a tensor add (an int64 ``scale``, what ``+ by`` would launch, is
+    no base op)."""
+    return positions + paddle.full_like(positions, by)
+
+
 def check_kv_dtype(dtype: str, device: tuple[str, int]) -> None:
     """Raises ValueError unless ``dtype`` is a KV cache dtype that ``device`` has tensors of."""
     from anychip.devices import describe
@@ -109,7 +125,13 @@ class LlamaForCausalLM(paddle.nn.Layer):
     times), and prefill runs about twice as fast. Logits move by about bfloat16's rounding.
 
     ``kv_dtype``: the dtype of the KV caches :meth:`new_cache` makes, float32 or a 16-bit one
-    (see :class:`KVCache`)."""
+    (see :class:`KVCache`).
+
+    A checkpoint with a prefix (Prefix Tuning, :mod:`anychip_models.prefix`) gives every sequence
+    its P keys and values first: callers number a sequence's tokens from 0 as always, and the
+    model places them at RoPE positions and cache slots ``P + position`` behind the prefix, which
+    :meth:`new_cache` writes into slots ``0 .. P-1`` of every row (so a decode step reads it like
+    any earlier token). ``context`` is what remains of the model's context for the tokens."""
 
     def __init__(self, checkpoint: Checkpoint, device: tuple[str, int] | str = ("cpu", 0), x_int8: bool = False,
                  bf16: bool = False, kv_dtype: str = "float32"):
@@ -140,6 +162,9 @@ class LlamaForCausalLM(paddle.nn.Layer):
                 gate_up=Linear(concat_rows([t[p + "gate_proj"], t[p + "up_proj"]]), device),
                 down=Linear(t[p + "down_proj"], device)))
         self.norm = to_device(t["norm"].astype(np.float32), device)
+        # [L, 2, P, Hk, D]: layer i's prefix keys at [i, 0], values at [i, 1]
+        self.prefix = None if checkpoint.prefix is None else to_device(checkpoint.prefix.astype(np.float32), device)
+        self.prefix_len = 0 if checkpoint.prefix is None else int(checkpoint.prefix.shape[2])
         self.head = Linear(t["embed_tokens"] if c.tie_embeddings else t["lm_head"], device)
         self._fused = None
         linears = [lin for l in self.blocks for lin in (l.qkv, l.o, l.gate_up, l.down)] + [self.head]
@@ -161,15 +186,33 @@ class LlamaForCausalLM(paddle.nn.Layer):
         if bf16 and self._fused_ok and self.has_fused_decode():
             self._fused_weights()  # the bfloat16 copies now, not in the first request's time
 
+    @property
+    def context(self) -> int:
+        """Tokens a sequence may hold: the model's context less the prefix."""
+        return self.config.max_position - self.prefix_len
+
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         """A KV cache on the model's device in its ``kv_dtype``, for ``batch`` sequences of up to
-        ``max_len`` tokens."""
-        return KVCache(self.config, batch, max_len, self.device, self.kv_dtype)
+        ``max_len`` tokens (each row ``P + max_len`` slots, the prefix written in the first P)."""
+        p = self.prefix_len
+        if p and max_len > self.context:
+            raise ValueError(f"max_len {max_len} plus the {p} prefix tokens exceeds the model's context of "
+                             f"{self.config.max_position} tokens")
+        cache = KVCache(self.config, batch, max_len + p, self.device, self.kv_dtype)
+        if p:
+            c = self.config
+            with paddle.no_grad():
+                for i in range(c.num_layers):
+                    shape = [batch, p, c.num_kv_heads, c.head_dim]
+                    cache.write(i, slice(None), 0, self.prefix[i, 0].unsqueeze(0).expand(shape),
+                                self.prefix[i, 1].unsqueeze(0).expand(shape))
+        return cache
 
     # ---- op by op: prefill, and decode where the device has no decoder_step kernel ----------
 
     def forward(self, tokens, positions, cache: KVCache | None = None, start: int = 0, last_index=None,
-                startend_row_indices=None, rows=None, recompute: bool = False, cache_rows: list[int] | None = None):
+                startend_row_indices=None, rows=None, recompute: bool = False, cache_rows: list[int] | None = None,
+                prefix=None):
         """Logits for ``tokens`` [B, T] at ``positions`` [B, T] (int64). With ``cache``, the
         tokens' keys and values are written at slots ``start .. start + T`` of cache row
         ``cache_rows[b]`` (default: row b of a cache of B rows) and attention reads slots
@@ -180,21 +223,33 @@ class LlamaForCausalLM(paddle.nn.Layer):
         sequences (causal within each document, nothing across); ``rows`` [R] (int64) returns
         only the logits of those flattened positions (b * T + t), [R, V], the ones with a loss;
         ``recompute`` frees each layer's activations after its forward and recomputes them in
-        the backward (activation checkpointing)."""
+        the backward (activation checkpointing); ``prefix`` [L, 2, P, Hk, D] replaces the
+        model's own prefix (Prefix Tuning trains it)."""
         c = self.config
         b, t = tokens.shape
+        prefix = self.prefix if prefix is None else prefix
+        p = 0 if prefix is None else prefix.shape[2]
+        if p:  # the tokens stand behind the prefix
+            positions = _shifted(positions, p)
+            if startend_row_indices is not None:  # the prefix's key columns: masked for no query row
+                se = startend_row_indices
+                startend_row_indices = paddle.concat(
+                    [paddle.full([b, se.shape[1], p, se.shape[3]], t, dtype="int32", device=se.place), se], axis=2)
         h = self.embed(tokens)
         residual = None
         for i, layer in enumerate(self.blocks):
-            def block(h, residual, i=i, layer=layer):
-                return self._block(i, layer, h, residual, positions, cache, start, startend_row_indices, cache_rows)
+            def block(h, residual, kv, i=i, layer=layer):
+                return self._block(i, layer, h, residual, positions, cache, start, startend_row_indices, cache_rows,
+                                   kv)
 
+            kv = None if prefix is None else prefix[i]
             # The first layer hands its input h through unchanged, which Paddle's recompute
-            # cannot return; it keeps its activations (1/L of them).
+            # cannot return; it keeps its activations (1/L of them). The prefix goes in as an
+            # argument, so that its gradient comes back out of the recomputed layer.
             if recompute and residual is not None:
-                h, residual = _recompute(block, h, residual)
+                h, residual = _recompute(block, h, residual, kv)
             else:
-                h, residual = block(h, residual)
+                h, residual = block(h, residual, kv)
         h = h + residual
         if last_index is not None:
             h = paddle.take_along_axis(h, last_index.reshape([b, 1, 1]).expand([b, 1, c.hidden_size]), axis=1)
@@ -204,9 +259,9 @@ class LlamaForCausalLM(paddle.nn.Layer):
         return self.head(ops.rms_norm(h, self.norm, c.rms_eps))
 
     def _block(self, i: int, layer: DecoderLayer, h, residual, positions, cache, start, startend_row_indices,
-               cache_rows=None):
+               cache_rows=None, prefix_kv=None):
         """One decoder layer: returns the new (h, residual), the residual add of its MLP output
-        left to the next layer's fused norm."""
+        left to the next layer's fused norm. ``prefix_kv`` [2, P, Hk, D]: this layer's prefix."""
         c = self.config
         b, t = h.shape[0], h.shape[1]
         if residual is None:
@@ -215,9 +270,9 @@ class LlamaForCausalLM(paddle.nn.Layer):
             a, h = ops.rms_norm(h, layer.attn_norm, c.rms_eps, residual=residual)
         q, k, v = self._qkv(layer, a, positions, b, t)
         if startend_row_indices is not None:
-            attn = ops.flashmask_attention(q, k, v, startend_row_indices, causal=True)
+            attn = ops.flashmask_attention(q, *_prefixed(prefix_kv, k, v), startend_row_indices, causal=True)
         else:
-            attn = self._attend(i, q, k, v, cache, start, cache_rows)
+            attn = self._attend(i, q, k, v, cache, start, cache_rows, prefix_kv)
         residual = layer.o(attn.reshape([b, t, c.num_heads * c.head_dim]))
         m, h = ops.rms_norm(h, layer.ffn_norm, c.rms_eps, residual=residual)
         gate, up = paddle.split(layer.gate_up(m), 2, axis=-1)
@@ -230,18 +285,21 @@ class LlamaForCausalLM(paddle.nn.Layer):
         q, k = ops.rotary_embedding(q.reshape([b, t, hq, d]), k.reshape([b, t, hk, d]), positions, c.rope_theta)
         return q, k, v.reshape([b, t, hk, d])
 
-    def _attend(self, layer: int, q, k, v, cache: KVCache | None, start: int, cache_rows: list[int] | None):
+    def _attend(self, layer: int, q, k, v, cache: KVCache | None, start: int, cache_rows: list[int] | None,
+                prefix_kv=None):
         if cache is None:
-            return ops.attention(q, k, v, causal=True)
+            return ops.attention(q, *_prefixed(prefix_kv, k, v), causal=True)
         b, t = q.shape[0], q.shape[1]
+        p = 0 if prefix_kv is None else prefix_kv.shape[1]
+        start += p
         if cache_rows is None:
             cache_rows = list(range(b))
             cache.write(layer, slice(None), start, k, v)
         else:
             for i, row in enumerate(cache_rows):
                 cache.write(layer, row, start, k[i], v[i])
-        if start == 0:
-            return ops.attention(q, k, v, causal=True)
+        if start == p:  # a fresh prefill: its own keys (behind the prefix) are all there is
+            return ops.attention(q, *_prefixed(prefix_kv, k, v), causal=True)
         # One sequence at a time: its cache rows are a dense view, which every device can read
         return paddle.concat([ops.attention(q[i:i + 1], *cache.view(layer, row, start + t), causal=True)
                               for i, row in enumerate(cache_rows)], axis=0)
@@ -259,6 +317,8 @@ class LlamaForCausalLM(paddle.nn.Layer):
         ``cache_rows[b]`` (default b, with B the cache's rows). An A8W8 model's fused step
         quantizes activations per run of 32 rather than per token (see the class doc)."""
         has_kernel = fused and self.has_fused_decode(cache.dtype)
+        if self.prefix_len:  # behind the prefix
+            positions = _shifted(positions, self.prefix_len)
         if has_kernel and self._fused_ok:
             rows = None
             if cache_rows is not None:

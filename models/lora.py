@@ -38,6 +38,8 @@ class LoraConfig:
     base_weights: str = "float"
     seed: int = field(default=0, compare=False)
 
+    config_file = CONFIG_FILE
+
     def __post_init__(self):
         self.targets = tuple(self.targets)
         if self.rank < 1:

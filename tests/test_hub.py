@@ -141,7 +141,7 @@ def test_resolve_paths_and_unknown_names(cache, tiny_files):
     assert hub.resolve(str(hf_folder)) == hf_folder
     with pytest.raises(hub.HubError, match=r"'nope' is neither a file, a folder nor a known model \(known: .*smollm2"):
         hub.resolve("nope")
-    with pytest.raises(hub.HubError, match="without config.json .* or lora_config.json .* is not a model"):
+    with pytest.raises(hub.HubError, match="without config.json .*, lora_config.json or prefix_config.json .* is not a model"):
         hub.resolve(cache)
     with pytest.raises(hub.HubError, match=r"unknown model 'nope'.*known models \(.*smollm2"):
         hub.pull("nope")

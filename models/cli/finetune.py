@@ -1,4 +1,4 @@
-"""``anychip finetune``: supervised fine-tuning (full or LoRA) of a model on jsonl data."""
+"""``anychip finetune``: supervised fine-tuning (full, LoRA or Prefix Tuning) of a model on jsonl data."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from .training_flags import (add_lora_flags, add_run_flags, add_training_flags, 
 
 def add_parser(sub, common):
     p = sub.add_parser(
-        "finetune", parents=[common], help="fine-tune a model (full or LoRA) on chat data",
+        "finetune", parents=[common], help="fine-tune a model (full, LoRA or Prefix Tuning) on chat data",
         description="Supervised fine-tuning on a jsonl file of {\"src\": ..., \"tgt\": ...} records (strings, or "
                     "lists of strings for multi-turn chats; PaddleNLP's format), with the loss on the target "
                     "tokens only. Writes checkpoints, metrics.jsonl and loss.png into --output, then the "
@@ -37,7 +37,20 @@ def add_parser(sub, common):
     g.add_argument("--lora-base", choices=("float", "int8", "int4"), default="float",
                    help="keep the frozen base as float32, or weight-only int8/int4 (QLoRA-style)")
 
-    g = add_training_flags(p, 512, "peak learning rate (default 2e-4 with --lora, 2e-5 otherwise)",
+    g = p.add_argument_group("Prefix Tuning")
+    g.add_argument("--prefix-tuning", action="store_true",
+                   help="train P keys and values per layer that every sequence attends to first, on a frozen base "
+                        "(PaddleNLP's prefix tuning); the result is a prefix adapter folder")
+    g.add_argument("--num-prefix-tokens", type=int, default=64, metavar="P", help="prefix length (default 64)")
+    g.add_argument("--prefix-projection", action="store_true",
+                   help="make the prefix with an embedding and an MLP (Li & Liang's reparametrisation) instead of "
+                        "training its keys and values directly; it wants a far smaller --lr (on SmolLM2 3e-3 "
+                        "diverged)")
+    g.add_argument("--prefix-projection-hidden", type=int, default=512, metavar="N",
+                   help="hidden units of that MLP (default 512)")
+
+    g = add_training_flags(p, 512, "peak learning rate (default 2e-4 with --lora, 1e-1 with --prefix-tuning, "
+                           "2e-5 otherwise)",
                            "tokens per example (and per packed sequence with --zero-padding; default 512)")
     g.add_argument("--zero-padding", action="store_true",
                    help="pack several examples into each max-length sequence, kept apart by a FlashMask")
@@ -45,6 +58,12 @@ def add_parser(sub, common):
 
 def run(args) -> int:
     check_output(Path(args.output), args.resume, args.overwrite)  # before the imports: Paddle's take seconds
+    if args.prefix_tuning:
+        if args.lora:
+            raise ValueError("--lora and --prefix-tuning train different adapters: pass one")
+        for flag in ("num_prefix_tokens", "prefix_projection_hidden"):
+            if getattr(args, flag) < 1:
+                raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     from ..training.data import format_bad_records, load_sft_data
     from ..training.model import TrainableModel
     from ..training.trainer import Trainer, device_label
@@ -56,14 +75,15 @@ def run(args) -> int:
         print(format_bad_records(args.data, bad), file=sys.stderr)
     dev = _eval_examples(args, fmt)
     lora = lora_config(args, path)
+    prefix = _prefix_config(args, path)
     model = TrainableModel(base, device, lora=lora, recompute=args.recompute, seed=args.seed,
-                           compute_dtype=args.compute_dtype)
-    trainer = Trainer(model, base, train, dev, train_args(args, 2e-4 if args.lora else 2e-5,
-                                                          zero_padding=args.zero_padding), args.output)
+                           compute_dtype=args.compute_dtype, prefix=prefix)
+    lr = 2e-4 if lora else 1e-1 if prefix else 2e-5
+    trainer = Trainer(model, base, train, dev, train_args(args, lr, zero_padding=args.zero_padding), args.output)
     trained = sum(int(p.size) for p in model.params.values())
+    method = "LoRA" if lora else f"Prefix Tuning ({prefix.num_prefix_tokens} tokens)" if prefix else "full"
     print(f"finetune on {device_label(device)}: {len(train)} examples ({len(bad)} skipped), {len(dev)} for "
-          f"evaluation; {'LoRA' if lora else 'full'} training of {trained:,} parameters for {trainer.total_steps} "
-          f"steps", file=sys.stderr)
+          f"evaluation; {method} training of {trained:,} parameters for {trainer.total_steps} steps", file=sys.stderr)
     print(_padding_report(train, args), file=sys.stderr)
     last = trainer.train(resume=args.resume, overwrite=args.overwrite)
     summary = f"done: step {last.get('step', trainer.step)}, loss {last.get('loss', float('nan')):.4f}"
@@ -71,6 +91,18 @@ def run(args) -> int:
         summary += f", eval loss {last['eval_loss']:.4f} (perplexity {last['eval_ppl']:.2f})"
     print(f"{summary}. Model in {args.output}: try `anychip generate --model {args.output} ...`", file=sys.stderr)
     return 0
+
+
+def _prefix_config(args, model_path: Path):
+    """The PrefixConfig of the --prefix-* flags (None without --prefix-tuning)."""
+    if not args.prefix_tuning:
+        return None
+    from ..hub import MODELS
+    from ..prefix import PrefixConfig
+
+    return PrefixConfig(num_prefix_tokens=args.num_prefix_tokens, projection=args.prefix_projection,
+                        projection_hidden=args.prefix_projection_hidden,
+                        base_model=args.model if args.model in MODELS else str(model_path.resolve()), seed=args.seed)
 
 
 def _padding_report(train, args) -> str:

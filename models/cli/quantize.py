@@ -85,6 +85,9 @@ def run(args) -> int:
     if describe(name).status == "simulated":
         print(f"anychip: {name} is simulated: its timings are the host CPU's, not the chip's", file=sys.stderr)
     checkpoint = load_checkpoint(resolve(args.model), weights="float")
+    if checkpoint.prefix is not None:  # the quantized folder would silently lose it
+        raise ValueError(f"--model {args.model} is a prefix adapter: quantize its base model, whose folder the "
+                         "adapter's prefix_config.json names (base_model)")
     check_scheme(checkpoint.config, args.quant_type, args.group_size)
     stats = None
     calibration = {}

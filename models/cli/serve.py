@@ -62,7 +62,7 @@ def run(args) -> int:
                                  api_key=args.api_key or None, max_body_bytes=body_cap)
     session = open_session(args)
     model = session.generator.model
-    config = EngineConfig(max_batch=args.max_batch, max_len=args.max_len or min(1024, model.config.max_position),
+    config = EngineConfig(max_batch=args.max_batch, max_len=args.max_len or min(1024, model.context),
                           max_tokens_in_flight=args.max_tokens_in_flight, max_queue=args.max_queue)
     engine = Engine(model, session.tokenizer, config, fused=session.generator.fused)
     name = args.served_name or (Path(args.model).name if Path(args.model).exists() else args.model)

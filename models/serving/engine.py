@@ -147,7 +147,7 @@ class Engine:
     def __init__(self, model: LlamaForCausalLM, tokenizer, config: EngineConfig | None = None, fused: bool = True):
         self.model, self.tokenizer, self.fused = model, tokenizer, fused
         self.config = config or EngineConfig()
-        self.config.validate(model.config.max_position)
+        self.config.validate(model.context)
         self.cache = model.new_cache(self.config.max_batch, self.config.max_len)
         self.metrics = Metrics()
         self._cond = threading.Condition()

@@ -1,6 +1,6 @@
-"""A Llama-family model set up for training on any device: every weight trainable (full SFT) or
-a frozen base (float32 or weight-only int8/int4, as QLoRA) with LoRA adapters, and the loss of
-one batch. Parameters have device-independent names, which checkpoints use; their values move
+"""A Llama-family model set up for training on any device: every weight trainable (full SFT), a
+frozen base (float32 or weight-only int8/int4, as QLoRA) with LoRA adapters, or a frozen base
+with a trained prefix (Prefix Tuning), and the loss of one batch. Parameters have device-independent names, which checkpoints use; their values move
 through numpy, so a state saved on one device loads on any other."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from ..checkpoint import Checkpoint, QuantWeight
 from ..layers import Linear, assign, matmul, to_device
 from ..llama import LlamaForCausalLM
 from ..lora import LoraConfig
+from ..prefix import EMBEDDING, MLP, PrefixConfig, encoder_shapes, split_layers
 from .packing import Batch
 
 paddle = import_paddle()
@@ -88,14 +89,21 @@ def quantize_linear(linear: Linear, bits: int, group_size: int = -1) -> Linear:
 
 class TrainableModel:
     """``checkpoint``'s model on ``device`` with its trainable parameters in ``params`` (name ->
-    tensor). ``lora=None``: full fine-tuning (float checkpoints only)."""
+    tensor). ``lora`` or ``prefix``: an adapter on the frozen base; neither: full fine-tuning
+    (float checkpoints only)."""
 
     def __init__(self, checkpoint: Checkpoint, device: tuple[str, int], lora: LoraConfig | None = None,
-                 recompute: bool = False, seed: int = 0, compute_dtype: str = "float32"):
+                 recompute: bool = False, seed: int = 0, compute_dtype: str = "float32",
+                 prefix: PrefixConfig | None = None):
         if compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"compute_dtype must be one of {', '.join(COMPUTE_DTYPES)}, got {compute_dtype!r}")
+        if lora is not None and prefix is not None:
+            raise ValueError("train a LoRA adapter or a prefix, not both at once")
+        if checkpoint.prefix is not None:
+            raise ValueError("the model carries a trained prefix already: train from its base model")
         self.config = c = checkpoint.config
-        self.device, self.lora, self.recompute, self.compute_dtype = device, lora, recompute, compute_dtype
+        self.device, self.lora, self.prefix, self.recompute = device, lora, prefix, recompute
+        self.compute_dtype = compute_dtype
         self.model = LlamaForCausalLM(checkpoint, device)
         for layer in self.model.blocks:
             for linear in (layer.qkv, layer.o, layer.gate_up, layer.down):
@@ -103,7 +111,9 @@ class TrainableModel:
         self.model.head.compute_dtype = compute_dtype
         self.dropout = Dropout(lora.dropout if lora else 0.0, seed)
         self.params: dict[str, object] = {}
-        if lora is None:
+        if prefix is not None:
+            self._add_prefix(prefix, np.random.default_rng(seed))
+        elif lora is None:
             quantized = [n for n, t in checkpoint.tensors.items() if isinstance(t, QuantWeight)]
             if quantized:
                 raise ValueError(f"full fine-tuning needs float weights, but {quantized[0]} (and "
@@ -156,6 +166,50 @@ class TrainableModel:
                     self.params[f"layers.{i}.{part}.lora_A"] = a
                     self.params[f"layers.{i}.{part}.lora_B"] = b
 
+    def _add_prefix(self, config: PrefixConfig, rng: np.random.Generator):
+        """The prefix encoder's parameters. Without projection its embedding holds the prefix's
+        keys and values themselves, and they start as those the frozen model computes for P
+        tokens of its vocabulary drawn from the seed (real activations, as Li & Liang
+        initialise: the model starts as the base model reading a short text first, not as one
+        disturbed by keys and values of the wrong scale). With projection the MLP starts with
+        that prefix's mean as its output bias."""
+        c, p = self.config, config.num_prefix_tokens
+        if p >= c.max_position:
+            raise ValueError(f"{p} prefix tokens leave no room in the model's context of {c.max_position}")
+        tokens = rng.integers(0, c.vocab_size, size=(1, p))
+        cache = self.model.new_cache(1, p)
+        with paddle.no_grad():
+            dev = place(self.device)
+            self.model(paddle.to_tensor(tokens, place=dev), paddle.to_tensor(np.arange(p)[None], place=dev), cache)
+        # [L, P, Hk, D] keys and values -> the encoder's rows [P, L*2*Hk*D]
+        kv = np.stack([cache.k.astype("float32").numpy()[:, 0], cache.v.astype("float32").numpy()[:, 0]], axis=1)
+        rows = kv.transpose(2, 0, 1, 3, 4).reshape(p, -1)
+        shapes = encoder_shapes(c, config)
+        if config.projection:
+            h, m = c.hidden_size, config.projection_hidden
+            values = {EMBEDDING: rng.standard_normal(shapes[EMBEDDING]).astype(np.float32),
+                      MLP[0]: rng.uniform(-1, 1, shapes[MLP[0]]).astype(np.float32) / math.sqrt(h),
+                      MLP[1]: np.zeros(shapes[MLP[1]], np.float32),
+                      MLP[2]: rng.uniform(-1, 1, shapes[MLP[2]]).astype(np.float32) / math.sqrt(m),
+                      MLP[3]: rows.mean(axis=0)}
+        else:
+            values = {EMBEDDING: rows}
+        for name, value in values.items():
+            self.params[name] = _trainable(to_device(value.astype(np.float32), self.device))
+
+    def prefix_kv(self):
+        """The prefix the encoder gives now, [L, 2, P, Hk, D] (in the autograd graph)."""
+        past = self.params[EMBEDDING]
+        if self.prefix.projection:
+            hidden = paddle.tanh(matmul(past, self.params[MLP[0]], self.params[MLP[1]], self.compute_dtype))
+            past = matmul(hidden, self.params[MLP[2]], self.params[MLP[3]], self.compute_dtype)
+        return split_layers(past, self.config)
+
+    @property
+    def adapter(self) -> LoraConfig | PrefixConfig | None:
+        """What is trained on the frozen base, None for full fine-tuning."""
+        return self.lora or self.prefix
+
     # ---- the loss ----------------------------------------------------------------------------
 
     def batch_loss(self, batch: Batch, denominator: int):
@@ -167,7 +221,8 @@ class TrainableModel:
         rows = np.flatnonzero(labels != -100)
         mask = None if batch.startend_row_indices is None else paddle.to_tensor(batch.startend_row_indices, place=dev)
         logits = self.model(paddle.to_tensor(batch.input_ids, place=dev), paddle.to_tensor(batch.position_ids, place=dev),
-                            startend_row_indices=mask, rows=paddle.to_tensor(rows, place=dev), recompute=self.recompute)
+                            startend_row_indices=mask, rows=paddle.to_tensor(rows, place=dev), recompute=self.recompute,
+                            prefix=None if self.prefix is None else self.prefix_kv())
         losses = paddle.nn.functional.cross_entropy(logits, paddle.to_tensor(labels[rows].reshape(-1, 1), place=dev),
                                                     reduction="none").reshape([-1])
         return losses.sum() / denominator, losses

@@ -25,7 +25,6 @@ from anychip.paddle_frontend import import_paddle
 from ..checkpoint import Checkpoint
 from ..export import hf_metadata_files, hf_tensors
 from ..hf_folder import hf_name
-from ..lora import CONFIG_FILE
 from . import checkpoints
 from .data import Example
 from .model import TrainableModel
@@ -202,14 +201,15 @@ class Trainer:
 
     def _model_files(self) -> tuple[dict, dict]:
         """The model's tensors and extra files as a checkpoint (or the final output) holds them:
-        a Hugging Face folder for full fine-tuning, an adapter folder for LoRA."""
-        if self.model.lora is None:
+        a Hugging Face folder for full fine-tuning, an adapter folder for LoRA or a prefix."""
+        adapter = self.model.adapter
+        if adapter is None:
             config = self.base.config
             return hf_tensors(config, self.model.canonical_tensors()), hf_metadata_files(config, self.base.tokenizer)
-        return self.model.state(), {CONFIG_FILE: self.model.lora.to_json().encode()}
+        return self.model.state(), {adapter.config_file: adapter.to_json().encode()}
 
     def _load_model_tensors(self, tensors: dict) -> None:
-        if self.model.lora is None:
+        if self.model.adapter is None:
             by_hf = {hf_name(n): n for n in self.base.tensors}
             unknown = sorted(set(tensors) - set(by_hf))
             if unknown:
@@ -225,6 +225,7 @@ class Trainer:
                  "scheduler": {"schedule": self.args.schedule, "lr": self.args.lr,
                                "warmup_steps": self.args.warmup_steps, "total_steps": self.total_steps},
                  "args": asdict(self.args), "lora": None if self.model.lora is None else asdict(self.model.lora),
+                 "prefix": None if self.model.prefix is None else asdict(self.model.prefix),
                  "device": ":".join(map(str, self.model.device))}
         return checkpoints.save_checkpoint(self.output, self.step, tensors, self.optimizer.state(), state, extra,
                                            keep=self.args.save_total_limit)
@@ -259,11 +260,11 @@ class Trainer:
 
     def _export(self) -> None:
         """The trained model into the output folder itself, each file atomically, the file that
-        makes the folder loadable (config.json, lora_config.json) last."""
+        makes the folder loadable (config.json, lora_config.json, prefix_config.json) last."""
         tensors, extra = self._model_files()
         from safetensors.numpy import save
 
-        marker = "config.json" if self.model.lora is None else CONFIG_FILE
+        marker = "config.json" if self.model.adapter is None else self.model.adapter.config_file
         _write_atomic(self.output / "model.safetensors", save(tensors, metadata={"format": "pt"}))
         for name, data in sorted(extra.items(), key=lambda item: item[0] == marker):
             _write_atomic(self.output / name, data)
