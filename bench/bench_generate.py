@@ -198,6 +198,46 @@ def test_anychip_long_context_decode(benchmark, bench, pd, loaded, kv):
               notes=f"--kv-cache {kv}")
 
 
+PREFIX_TOKENS = 64
+
+
+def prefix_case(ckpt) -> Case:
+    nbytes = weight_stats(ckpt)[0]
+    return Case(f"SmolLM2-135M decode {DECODE_TOKENS} tokens after {PROMPT_TOKENS}, native weights, with and without "
+                f"a {PREFIX_TOKENS}-token prefix (Prefix Tuning)", "memory", float(nbytes) * DECODE_TOKENS,
+                pattern="read", targets=(FasterThan("anychip_no_prefix", 0.95, "the same decode without a prefix"),),
+                note="anychip = with the prefix; the target: its tok/s at least 95% of the same decode without one "
+                     "(the prefix is read from the KV cache like earlier tokens)")
+
+
+@pytest.mark.parametrize("with_prefix", [False, True], ids=["no-prefix", "prefix"])
+def test_anychip_decode_prefix(benchmark, bench, pd, loaded, with_prefix):
+    """Decoding behind a trained prefix (here: the model's own keys and values of 64 tokens,
+    which is what an adapter holds) against the same decode without one, in the same run."""
+    from dataclasses import replace
+
+    from anychip.paddle_frontend import place
+    from anychip_models.llama import LlamaForCausalLM
+
+    weights, ckpt, model = loaded
+    if weights != "native":
+        pytest.skip("the prefix case runs the native weights")
+    if with_prefix:
+        cache = model.new_cache(1, PREFIX_TOKENS)
+        ids = np.array([prompt(ckpt, PREFIX_TOKENS)], dtype=np.int64)
+        dev = place("cpu", 0)
+        with pd.no_grad():
+            model(pd.to_tensor(ids, place=dev), pd.to_tensor(np.arange(PREFIX_TOKENS, dtype=np.int64)[None], place=dev),
+                  cache)
+        kv = np.stack([cache.k.numpy()[:, 0], cache.v.numpy()[:, 0]], axis=1)  # [L, 2, P, Hk, D]
+        model = LlamaForCausalLM(replace(ckpt, prefix=kv), ("cpu", 0))
+    run = AnychipRun(pd, weights, ckpt, model)
+    start = run.prefill(run.model)
+    bench.run(benchmark, prefix_case(ckpt), "anychip" if with_prefix else "anychip_no_prefix",
+              lambda: run.decode(run.model, start), min_rounds=5, max_rounds=10, warmup=1,
+              label=f"anychip fused decoder_step, {f'{PREFIX_TOKENS}-token prefix' if with_prefix else 'no prefix'}")
+
+
 def float32_gguf(src: Path, out_dir: Path) -> Path:
     """``src`` with every tensor dequantized to F32 (the values anychip's float path runs), for
     llama.cpp's float peer; written once into ``out_dir``, atomically."""
