@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     available = commands()
     parser = build_parser(available)
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # as given: a command may run itself again
     if args.command is None:
         parser.print_help()
         return 2

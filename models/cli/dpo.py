@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .session import DEFAULT_MODEL
 from .training_flags import (add_lora_flags, add_run_flags, add_training_flags, chat_model, check_output,
-                             lora_config, train_args, training_device)
+                             lora_config, launch_ranks, train_args, training_device)
 
 
 def add_parser(sub, common):
@@ -51,7 +51,10 @@ def add_parser(sub, common):
 
 def run(args) -> int:
     check_output(Path(args.output), args.resume, args.overwrite)  # before the imports: Paddle's take seconds
+    if (status := launch_ranks(args)) is not None:
+        return status
     from ..training.data import format_bad_records
+    from ..training.distributed import join
     from ..training.dpo import DpoTrainer
     from ..training.model import TrainableModel
     from ..training.preference import PreferenceData, load_preference_data
@@ -75,7 +78,7 @@ def run(args) -> int:
                            compute_dtype=args.compute_dtype)
     trainer = DpoTrainer(model, base, PreferenceData(train), PreferenceData(dev),
                          train_args(args, 5e-5 if args.lora else 5e-7, zero_padding=args.zero_padding), args.output,
-                         beta=args.beta, loss=args.loss, label_smoothing=args.label_smoothing)
+                         beta=args.beta, loss=args.loss, label_smoothing=args.label_smoothing, world=join(device))
     print(f"dpo on {device_label(device)}: {len(train)} pairs ({len(bad)} skipped), {len(dev)} for evaluation; "
           f"{'LoRA' if lora else 'full'} training for {trainer.total_steps} steps, {args.loss} loss, beta "
           f"{args.beta}, {'shared-prompt packing' if args.zero_padding else 'unpacked pairs'}", file=sys.stderr)

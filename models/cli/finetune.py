@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .session import DEFAULT_MODEL
 from .training_flags import (add_lora_flags, add_run_flags, add_training_flags, chat_model, check_output,
-                             lora_config, train_args, training_device)
+                             lora_config, launch_ranks, train_args, training_device)
 
 
 def add_parser(sub, common):
@@ -58,6 +58,8 @@ def add_parser(sub, common):
 
 def run(args) -> int:
     check_output(Path(args.output), args.resume, args.overwrite)  # before the imports: Paddle's take seconds
+    if (status := launch_ranks(args)) is not None:
+        return status
     if args.prefix_tuning:
         if args.lora:
             raise ValueError("--lora and --prefix-tuning train different adapters: pass one")
@@ -65,6 +67,7 @@ def run(args) -> int:
             if getattr(args, flag) < 1:
                 raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     from ..training.data import format_bad_records, load_sft_data
+    from ..training.distributed import join
     from ..training.model import TrainableModel
     from ..training.trainer import Trainer, device_label
 
@@ -79,7 +82,8 @@ def run(args) -> int:
     model = TrainableModel(base, device, lora=lora, recompute=args.recompute, seed=args.seed,
                            compute_dtype=args.compute_dtype, prefix=prefix)
     lr = 2e-4 if lora else 1e-1 if prefix else 2e-5
-    trainer = Trainer(model, base, train, dev, train_args(args, lr, zero_padding=args.zero_padding), args.output)
+    trainer = Trainer(model, base, train, dev, train_args(args, lr, zero_padding=args.zero_padding), args.output,
+                      world=join(device))
     trained = sum(int(p.size) for p in model.params.values())
     method = "LoRA" if lora else f"Prefix Tuning ({prefix.num_prefix_tokens} tokens)" if prefix else "full"
     print(f"finetune on {device_label(device)}: {len(train)} examples ({len(bad)} skipped), {len(dev)} for "

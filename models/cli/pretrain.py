@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from .session import DEFAULT_MODEL
-from .training_flags import add_run_flags, add_training_flags, check_output, train_args, training_device
+from .training_flags import (add_run_flags, add_training_flags, check_output, launch_ranks, train_args,
+                             training_device)
 
 SAMPLE_CONFIG = Path(__file__).resolve().parents[1] / "training" / "configs" / "llama-tiny.json"
 
@@ -52,11 +53,14 @@ def add_parser(sub, common):
 
 def run(args) -> int:
     check_output(Path(args.output), args.resume, args.overwrite)  # before the imports: Paddle's take seconds
+    if (status := launch_ranks(args)) is not None:
+        return status
     if args.config and not Path(args.config).is_file():
         raise ValueError(f"--config {args.config}: no such file (expected a Hugging Face config.json, e.g. "
                          f"{SAMPLE_CONFIG})")
     from ..checkpoint import load_checkpoint
     from ..hub import resolve
+    from ..training.distributed import join
     from ..training.from_scratch import new_checkpoint
     from ..training.model import TrainableModel
     from ..training.pretrain_data import (TokenSequences, format_bad_documents, has_dev_split,
@@ -84,7 +88,7 @@ def run(args) -> int:
     train = TokenSequences(stream, args.max_length, args.document_mask)
     model = TrainableModel(base, device, recompute=args.recompute, seed=args.seed, compute_dtype=args.compute_dtype)
     trainer = Trainer(model, base, train, dev, train_args(args, 1e-3 if args.config else 5e-5), args.output,
-                      kind="pretrain")
+                      kind="pretrain", world=join(device))
     params = sum(int(p.size) for p in model.params.values())
     print(f"pretrain on {device_label(device)}: {len(stream):,} tokens in {stream.num_documents} documents "
           f"({len(train)} sequences of {args.max_length}{', document mask' if args.document_mask else ''}), "

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..training import distributed
+
 
 def add_run_flags(p) -> None:
     """--output, --resume, --overwrite."""
@@ -42,15 +44,34 @@ def lora_config(args, model_path: Path):
                       base_weights=getattr(args, "lora_base", "float"), seed=args.seed)
 
 
+def launch_ranks(args) -> int | None:
+    """With ``--nproc N`` (N > 1) in a process that is not one of the ranks yet: runs this command
+    as N ranks under paddle.distributed.launch and returns their exit status; else None."""
+    if args.nproc < 1:
+        raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
+    if args.nproc == 1 or distributed.launched():
+        return None
+    if ":" in (args.device or ""):
+        raise ValueError(f"--device {args.device} names one device; with --nproc {args.nproc} rank r takes device r "
+                         "of the chip: pass the chip alone (e.g. --device npu)")
+    return distributed.launch(args.argv, args.nproc)
+
+
 def training_device(args) -> tuple[str, int]:
-    """(chip, index) of --device, made current; a simulated chip is said to be one."""
+    """(chip, index) of --device, made current; a simulated chip is said to be one. A rank of a
+    launched job takes the chip's device of its rank's index (the host, ``cpu``, for all)."""
     import sys
 
     import anychip
     from anychip.devices import describe
+    from anychip.selection import default_device
 
-    name, _, index = anychip.set_device(args.device).partition(":")
-    if describe(name).status == "simulated":
+    wanted = args.device
+    if distributed.launched():
+        chip = (args.device or default_device()).partition(":")[0]
+        wanted = chip if chip == "cpu" else f"{chip}:{distributed.rank()}"
+    name, _, index = anychip.set_device(wanted).partition(":")
+    if describe(name).status == "simulated" and distributed.rank() == 0:
         print(f"anychip: {name} is simulated: its timings are the host CPU's, not the chip's", file=sys.stderr)
     return name, int(index or 0)
 
@@ -93,13 +114,20 @@ def add_training_flags(p, max_length: int, lr_help: str, max_length_help: str):
     g.add_argument("--save-total-limit", type=int, default=3, metavar="N", help="checkpoints to keep (default 3)")
     g.add_argument("--seed", type=int, default=42,
                    help="seed for the data order, the initial weights or adapters, and dropout")
+    g.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="data parallelism: N ranks under paddle.distributed.launch, rank r on device r of --device's "
+                        "chip (on cpu all share the host); each optimizer step takes --grad-accum micro-batches per "
+                        "rank, so the global batch is N x --grad-accum x --batch-size")
     return g
 
 
 def check_output(path: Path, resume: bool, overwrite: bool) -> None:
-    """Refuses, before any work, an --output the run cannot use the way it was asked to."""
+    """Refuses, before any work, an --output the run cannot use the way it was asked to (in a
+    rank of a launched job: the launching process has checked it)."""
     from ..training.checkpoints import latest_checkpoint
 
+    if distributed.launched():
+        return
     if resume and overwrite:
         raise ValueError("--resume continues the run in --output, --overwrite starts afresh over it: pass one")
     if path.exists() and not path.is_dir():

@@ -64,14 +64,14 @@ class DpoTrainer(Trainer):
     share of pairs the model prefers the chosen response of."""
 
     def __init__(self, model, base, train: PreferenceData, dev: PreferenceData, args, output, beta: float = 0.1,
-                 loss: str = "sigmoid", label_smoothing: float = 0.0, progress: bool = True):
+                 loss: str = "sigmoid", label_smoothing: float = 0.0, progress: bool = True, world=None):
         if loss not in LOSSES:
             raise ValueError(f"loss must be one of {', '.join(LOSSES)}, got {loss!r}")
         if not beta > 0:
             raise ValueError(f"beta must be > 0, got {beta}")
         if not 0 <= label_smoothing < 0.5:
             raise ValueError(f"label_smoothing must be in [0, 0.5), got {label_smoothing}")
-        super().__init__(model, base, train, dev, args, output, progress=progress, kind="dpo")
+        super().__init__(model, base, train, dev, args, output, progress=progress, kind="dpo", world=world)
         self.beta, self.loss_kind, self.label_smoothing = beta, loss, label_smoothing
         self.reference = {"train": self._reference(self.train_set), "dev": self._reference(self.dev_set)}
 

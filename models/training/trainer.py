@@ -27,6 +27,7 @@ from ..export import hf_metadata_files, hf_tensors
 from ..hf_folder import hf_name
 from . import checkpoints
 from .data import Example
+from .distributed import World
 from .model import TrainableModel
 from .optimizer import AdamW, learning_rate
 from .packing import Batch, ExampleData
@@ -75,18 +76,25 @@ class Trainer:
 
     ``train`` and ``dev`` are fine-tuning Examples, or any data with ``len()`` and
     ``batches(order, args) -> list[Batch]`` (pretraining's TokenSequences); ``kind`` names
-    the run in the progress bar and the plot."""
+    the run in the progress bar and the plot.
+
+    ``world``: with several ranks (data parallelism, anychip_models.training.distributed), an
+    optimizer step takes ``grad_accum`` micro-batches per rank, each rank computing its share
+    and the ranks summing gradients and figures; rank 0 alone writes the output folder."""
 
     def __init__(self, model: TrainableModel, base: Checkpoint, train: list[Example], dev: list[Example],
-                 args: TrainArgs, output: str | Path, progress: bool = True, kind: str = "finetune"):
+                 args: TrainArgs, output: str | Path, progress: bool = True, kind: str = "finetune",
+                 world: World | None = None):
         train, dev = (d if hasattr(d, "batches") else ExampleData(d) for d in (train, dev))
         if not len(train):
             raise ValueError("no training examples")
         self.model, self.base, self.train_set, self.dev_set, self.args = model, base, train, dev, args
         self.output = Path(output)
-        self.progress, self.kind = progress, kind
+        self.world = world or World(device=model.device)
+        self.progress, self.kind = progress and self.world.main, kind
         self.optimizer = AdamW(model.params, weight_decay=args.weight_decay)
-        self.steps_per_epoch = math.ceil(len(self._epoch_batches(0)) / args.grad_accum)
+        self.micro_per_step = args.grad_accum * self.world.size
+        self.steps_per_epoch = math.ceil(len(self._epoch_batches(0)) / self.micro_per_step)
         self.total_steps = args.max_steps or max(1, math.ceil(args.epochs * self.steps_per_epoch))
         self.step, self.epoch, self.batch_index = 0, 0, 0
         self.history: list[dict] = []
@@ -103,7 +111,7 @@ class Trainer:
     def _next_micro_batches(self) -> list[Batch]:
         batches = self._batches
         out = []
-        while len(out) < self.args.grad_accum:
+        while len(out) < self.micro_per_step:
             if self.batch_index >= len(batches):
                 self.epoch, self.batch_index = self.epoch + 1, 0
                 batches = self._batches = self._epoch_batches(self.epoch)
@@ -117,13 +125,15 @@ class Trainer:
         """Runs to ``total_steps``; with ``resume``, continues from the latest checkpoint in the
         output folder; with ``overwrite``, starts afresh over an earlier run's output (its
         checkpoints and metrics log are deleted). Returns the last metrics record."""
-        self.output.mkdir(parents=True, exist_ok=True)
-        if overwrite:
+        main = self.world.main
+        if main:
+            self.output.mkdir(parents=True, exist_ok=True)
+        if overwrite and main:
             checkpoints.remove_checkpoints(self.output)
             (self.output / METRICS_FILE).unlink(missing_ok=True)  # else the new run's log appends to it
         if resume:
             self._resume()
-        elif checkpoints.latest_checkpoint(self.output) is not None:
+        elif main and checkpoints.latest_checkpoint(self.output) is not None:
             raise FileExistsError(f"{self.output} holds checkpoints of an earlier run: resume it, or choose "
                                   "another output folder")
         self._batches = self._epoch_batches(self.epoch)
@@ -141,27 +151,36 @@ class Trainer:
                 bar.write(f"step {self.step}: " + ", ".join(f"{k.removeprefix('eval_').replace('_', ' ')} {v:.4f}"
                                                             for k, v in record.items() if k.startswith("eval_")))
             self._log(record)
-            if (self.args.save_steps and self.step % self.args.save_steps == 0) or last:
+            if main and ((self.args.save_steps and self.step % self.args.save_steps == 0) or last):
                 self.save()
         bar.close()
-        self._export()
-        self.plot()
+        if main:
+            self._export()
+            self.plot()
         return record
 
     def _train_step(self) -> dict:
         started = time.perf_counter()
         micro = self._next_micro_batches()
         self.step += 1
-        denominator = sum(self._weight(b) for b in micro)
+        denominator = sum(self._weight(b) for b in micro)  # the whole step's, on every rank
         self.model.dropout.training = True
         total, sums = 0.0, {}
-        for j, batch in enumerate(micro):
+        world = self.world
+        # Rank r takes micro-batches r, r + size, ...; each keeps its index j, which seeds its
+        # LoRA dropout as on one device.
+        for j in range(world.rank, len(micro), world.size):
             self.model.dropout.step, self.model.dropout.micro = self.step, j
-            loss, metrics = self._loss(batch, denominator)
+            loss, metrics = self._loss(micro[j], denominator)
             loss.backward()
             total += float(loss)
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + float(value)
+        if world.size > 1:
+            self._sum_gradients()
+            keys = sorted(sums)
+            total, *summed = world.totals([total] + [sums[k] for k in keys])
+            sums = dict(zip(keys, summed))
         norm = self.optimizer.clip_grad_norm(self.args.max_grad_norm)
         lr = learning_rate(self.step, self.args.lr, self.args.warmup_steps, self.total_steps, self.args.schedule)
         self.optimizer.step(lr, self.step)
@@ -171,6 +190,14 @@ class Trainer:
         return {"step": self.step, "epoch": self.epoch, "loss": total, **self._finish_metrics(sums, denominator),
                 "lr": lr, "grad_norm": norm, "tokens": tokens, "target_tokens": denominator,
                 "tokens_per_s": tokens / seconds, "seconds": seconds}
+
+    def _sum_gradients(self) -> None:
+        """Every parameter's gradient summed across the ranks (a rank that had no micro-batch
+        this step contributes zeros)."""
+        for p in self.model.params.values():
+            if p.grad is None:
+                p.grad = paddle.zeros(p.shape, dtype=p.dtype, device=p.place)
+        self.world.all_reduce([p.grad for p in self.model.params.values()])
 
     # The objective, which DPO replaces: a micro-batch's weight in its step (its target tokens),
     # its loss (divided by the step's total weight) with metrics to sum, and their step values.
@@ -186,14 +213,15 @@ class Trainer:
         return {}
 
     def evaluate(self) -> dict:
-        """Mean target-token loss and perplexity on the dev set."""
+        """Mean target-token loss and perplexity on the dev set (each rank scoring its share)."""
         self.model.dropout.training = False
         total, count = 0.0, 0
         with paddle.no_grad():
-            for batch in self._dev_batches():
+            for batch in self._dev_batches()[self.world.rank::self.world.size]:
                 _, losses = self.model.batch_loss(batch, 1)
                 total += float(losses.sum())
                 count += batch.loss_tokens
+        total, count = self.world.totals([total, count])
         mean = total / max(count, 1)
         return {"eval_loss": mean, "eval_ppl": math.exp(min(mean, 50.0))}
 
@@ -245,7 +273,8 @@ class Trainer:
         self.step, self.epoch, self.batch_index = state["step"], state["epoch"], state["batch_index"]
         # the log of the interrupted run may run past this checkpoint: those steps are redone
         self.history = [r for r in self._read_log() if r["step"] <= self.step]
-        _write_atomic(self.output / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in self.history).encode())
+        if self.world.main:
+            _write_atomic(self.output / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in self.history).encode())
 
     def _read_log(self) -> list[dict]:
         path = self.output / METRICS_FILE
@@ -255,6 +284,8 @@ class Trainer:
 
     def _log(self, record: dict) -> None:
         self.history.append(record)
+        if not self.world.main:
+            return
         with open(self.output / METRICS_FILE, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 

@@ -1,0 +1,114 @@
+"""Data-parallel training on Paddle's own engine: ``anychip finetune|pretrain|dpo --nproc N``
+starts N ranks through ``python -m paddle.distributed.launch``, each running the same command on
+its own device (``--device npu --nproc 2``: npu:0 and npu:1; on ``cpu`` every rank shares the
+host, with the host's threads divided between them). Each rank joins Paddle's process group
+(``paddle.distributed.init_parallel_env``: gloo on the host, the device's own collectives,
+``xccl``, on a chip), and the Trainer gives every rank its share of each optimizer step's
+micro-batches and sums the gradients and the step's figures across ranks with
+``paddle.distributed.all_reduce``. Every rank knows the whole data order (it is drawn from the
+seed), so each divides its losses by the whole step's target tokens and the summed gradient is
+the one a single device computes for the same global batch.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+
+WORLD_ENV = "PADDLE_TRAINERS_NUM"  # set by paddle.distributed.launch in every rank
+RANK_ENV = "PADDLE_TRAINER_ID"
+
+
+def launched() -> bool:
+    """Whether this process is one rank of a launched job of several."""
+    return int(os.environ.get(WORLD_ENV, "1")) > 1 and RANK_ENV in os.environ
+
+
+def rank() -> int:
+    return int(os.environ.get(RANK_ENV, "0")) if launched() else 0
+
+
+def without_nproc(argv: list[str]) -> list[str]:
+    """``argv`` less its ``--nproc N`` (or ``--nproc=N``)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            out.append(arg)
+    return out
+
+
+def launch(argv: list[str], nproc: int) -> int:
+    """Runs ``anychip ARGV`` (less --nproc) as ``nproc`` ranks under paddle.distributed.launch and
+    returns its exit status. The ranks' logs go to a temporary folder, named on failure; rank
+    0's output is shown as it runs (Paddle's launcher does that)."""
+    logs = tempfile.mkdtemp(prefix="anychip-ranks-")
+    env = dict(os.environ)
+    if "ANYCHIP_NUM_THREADS" not in env:  # N ranks on one host share its CPUs
+        env["ANYCHIP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+    command = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc), "--log_dir", logs,
+               # not a .py file: the launcher runs it as given, the anychip command line
+               sys.executable, "-m", "anychip.cli.main", *without_nproc(argv)]
+    status = subprocess.call(command, env=env)
+    if status != 0:
+        print(f"anychip: a rank failed (exit {status}); every rank's log is in {logs}", file=sys.stderr)
+    return status
+
+
+@dataclass
+class World:
+    """This process's place in the job: ``rank`` of ``size`` (one rank: no communication)."""
+
+    rank: int = 0
+    size: int = 1
+    device: tuple[str, int] = ("cpu", 0)
+
+    @property
+    def main(self) -> bool:
+        """Whether this rank writes the run's files (checkpoints, metrics, the plot)."""
+        return self.rank == 0
+
+    def all_reduce(self, tensors) -> None:
+        """Sums each tensor across the ranks, in place (the same order on every rank)."""
+        if self.size == 1:
+            return
+        import paddle.distributed as dist
+
+        for tensor in tensors:
+            dist.all_reduce(tensor)
+
+    def totals(self, values: list[float]) -> list[float]:
+        """The sums across the ranks of ``values`` (float32, in one collective)."""
+        if self.size == 1:
+            return list(values)
+        import numpy as np
+
+        from anychip.ops.dispatch import place
+        from anychip.paddle_frontend import import_paddle
+
+        paddle = import_paddle()
+        tensor = paddle.to_tensor(np.asarray(values, dtype=np.float32), place=place(self.device))
+        self.all_reduce([tensor])
+        return [float(v) for v in tensor.numpy()]
+
+
+def join(device: tuple[str, int]) -> World:
+    """This rank's World once it has joined Paddle's process group (a lone process: World())."""
+    if not launched():
+        return World(device=device)
+    from anychip.paddle_frontend import import_paddle
+
+    # Paddle's launcher asks for its custom-device collectives whenever custom devices are
+    # registered; the host's ranks talk through gloo instead.
+    os.environ["PADDLE_DISTRI_BACKEND"] = "gloo" if device[0] == "cpu" else "xccl"
+    import_paddle()
+    import paddle.distributed as dist
+
+    dist.init_parallel_env()
+    return World(rank=dist.get_rank(), size=dist.get_world_size(), device=device)

@@ -1,0 +1,84 @@
+"""Data parallelism (`--nproc N`): ranks started through paddle.distributed.launch give, step for
+step, the losses of one process taking the same global batch; a checkpoint saved by 2 ranks
+resumes on 1 and the other way round; a rank that dies at a save ends the job with an error and
+leaves the previous checkpoint intact; bad flags are refused before any rank starts."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from anychip_models.training import checkpoints
+from training_helpers import anychip as run_anychip
+from training_helpers import losses, sft_records, write_jsonl
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("dp-data")
+    write_jsonl(folder / "train.jsonl", sft_records())
+    write_jsonl(folder / "dev.jsonl", sft_records(6))
+    return folder
+
+
+def finetune(model_dir, data, output, *extra, env=None):
+    return run_anychip("finetune", "--model", model_dir, "--data", data, "--max-length", 64, "--batch-size", 2,
+                         "--max-steps", 4, "--zero-padding", "--lr", "5e-3", "--eval-steps", 2, "--save-steps", 2,
+                         "--output", output, *extra, env=env)
+
+
+def eval_losses(output) -> list[float]:
+    return [r["eval_loss"] for r in map(json.loads, (output / "metrics.jsonl").read_text().splitlines())
+            if "eval_loss" in r]
+
+
+@pytest.mark.parametrize("method", [[], ["--lora"], ["--prefix-tuning", "--num-prefix-tokens", "4"]],
+                         ids=["full", "lora", "prefix"])
+def test_two_ranks_give_the_losses_of_one_process_with_the_same_global_batch(model_dir, data, tmp_path, method):
+    one = finetune(model_dir, data, tmp_path / "one", "--grad-accum", 2, *method)
+    assert one.returncode == 0, one.stderr
+    two = finetune(model_dir, data, tmp_path / "two", "--nproc", 2, *method)
+    assert two.returncode == 0, two.stderr + two.stdout
+    assert len(losses(tmp_path / "two")) == 4
+    np.testing.assert_allclose(losses(tmp_path / "two"), losses(tmp_path / "one"), rtol=1e-5)
+    np.testing.assert_allclose(eval_losses(tmp_path / "two"), eval_losses(tmp_path / "one"), rtol=1e-5)
+    # rank 0 alone wrote the folder: one log line per step and evaluation, a loadable model
+    records = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
+    assert sorted(checkpoints.complete_checkpoints(tmp_path / "two")) == [2, 4]
+
+
+def test_a_checkpoint_moves_between_world_sizes(model_dir, data, tmp_path):
+    straight = finetune(model_dir, data, tmp_path / "straight", "--grad-accum", 2, "--lora")
+    assert straight.returncode == 0, straight.stderr
+    for first, then, name in ((["--nproc", 2], ["--grad-accum", 2], "two-then-one"),
+                              (["--grad-accum", 2], ["--nproc", 2], "one-then-two")):
+        out = tmp_path / name
+        assert finetune(model_dir, data, out, "--lora", *first).returncode == 0
+        checkpoints.remove_tree(out / "checkpoint-4")
+        resumed = finetune(model_dir, data, out, "--lora", "--resume", *then)
+        assert resumed.returncode == 0, resumed.stderr + resumed.stdout
+        np.testing.assert_allclose(losses(out), losses(tmp_path / "straight"), rtol=1e-5)
+
+
+def test_a_rank_dying_at_a_save_fails_the_job_and_keeps_the_last_checkpoint(model_dir, data, tmp_path):
+    out = tmp_path / "run"
+    died = finetune(model_dir, data, out, "--nproc", 2, "--lora", env={"ANYCHIP_FAULT_CHECKPOINT": "optimizer@4"})
+    assert died.returncode != 0
+    assert "a rank failed" in died.stderr
+    assert sorted(checkpoints.complete_checkpoints(out)) == [2]
+    resumed = finetune(model_dir, data, out, "--nproc", 2, "--lora", "--resume")
+    assert resumed.returncode == 0, resumed.stderr + resumed.stdout
+    straight = finetune(model_dir, data, tmp_path / "straight", "--grad-accum", 2, "--lora")
+    assert straight.returncode == 0, straight.stderr
+    np.testing.assert_allclose(losses(out), losses(tmp_path / "straight"), rtol=1e-5)
+
+
+def test_bad_nproc_flags_are_refused_before_any_rank_starts(model_dir, data, tmp_path):
+    zero = finetune(model_dir, data, tmp_path / "a", "--nproc", 0)
+    assert zero.returncode != 0 and "--nproc must be >= 1, got 0" in zero.stderr
+    indexed = finetune(model_dir, data, tmp_path / "b", "--nproc", 2, "--device", "npu:1")
+    assert indexed.returncode != 0 and "--device npu:1 names one device" in indexed.stderr
+    assert "LAUNCH INFO" not in indexed.stdout + indexed.stderr
