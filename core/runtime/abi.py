@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes as C
 
 ABI_MAJOR = 1
-ABI_MINOR = 1
+ABI_MINOR = 2
 
 OK = 0
 ERROR_INVALID_ARGUMENT = 1
@@ -110,12 +110,37 @@ FUNCTIONS = [
 ]
 
 
+# Collectives (ABI 1.2): all OPTIONAL, as one block (NULL in plugins built against ABI <= 1.1).
+REDUCE_SUM, REDUCE_PROD, REDUCE_MAX, REDUCE_MIN, REDUCE_AVG = range(5)
+REDUCE_OPS = {"sum": REDUCE_SUM, "prod": REDUCE_PROD, "max": REDUCE_MAX, "min": REDUCE_MIN, "avg": REDUCE_AVG}
+COMM_UNIQUE_ID_BYTES = 128
+Comm = C.c_void_p
+COLLECTIVE_FUNCTIONS = [
+    ("comm_get_unique_id_size", _fn(C.POINTER(SZ))),
+    ("comm_get_unique_id", _fn(P, SZ)),
+    ("comm_init_rank", _fn(I, P, SZ, I, I, C.POINTER(Comm))),
+    ("comm_destroy", _fn(Comm)),
+    ("all_reduce", _fn(P, P, SZ, I, I, Comm, Handle)),
+    ("broadcast", _fn(P, P, SZ, I, I, Comm, Handle)),
+    ("reduce", _fn(P, P, SZ, I, I, I, Comm, Handle)),
+    ("all_gather", _fn(P, P, SZ, I, Comm, Handle)),
+    ("reduce_scatter", _fn(P, P, SZ, I, I, Comm, Handle)),
+    ("all_to_all", _fn(P, P, SZ, I, Comm, Handle)),
+    ("send", _fn(P, SZ, I, I, Comm, Handle)),
+    ("recv", _fn(P, SZ, I, I, Comm, Handle)),
+    ("group_start", _fn()),
+    ("group_end", _fn()),
+]
+RESERVED_SLOTS = 31 - len(COLLECTIVE_FUNCTIONS)
+
+
 class DeviceInterface(C.Structure):
     _fields_ = (
         [("struct_size", C.c_size_t), ("abi_version", C.c_uint32), ("padding0", C.c_uint32),
          ("runtime", Rt)]
         + [(name, ftype) for name, ftype, _ in FUNCTIONS]
-        + [("reserved", C.c_void_p * 31)]
+        + [(name, ftype) for name, ftype in COLLECTIVE_FUNCTIONS]
+        + [("reserved", C.c_void_p * RESERVED_SLOTS)]
     )
 
 

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <new>
 #include <string>
@@ -798,6 +799,332 @@ AnychipStatus get_properties(AnychipRuntime rt, int device, AnychipDevicePropert
   return ANYCHIP_OK;
 }
 
+
+// ---- collectives over NCCL (device.h ABI 1.2) --------------------------------------------------
+//
+// libnccl.so.2 (the nvidia-nccl-cu12 wheel ships one) is opened with dlopen at the first
+// collective call, like libcudart; without it every collective returns ANYCHIP_ERROR_UNAVAILABLE
+// with the reason. Each function maps one to one to its NCCL call; all_to_all is a group of
+// sends and recvs, as NCCL's documentation does it. The enum values are those of nccl.h.
+
+struct NcclUniqueId {
+  char internal[ANYCHIP_COMM_UNIQUE_ID_BYTES];  // NCCL_UNIQUE_ID_BYTES
+};
+
+struct NcclApi {
+  const char* (*GetErrorString)(int result);
+  int (*GetUniqueId)(NcclUniqueId* id);
+  int (*CommInitRank)(void** comm, int nranks, NcclUniqueId id, int rank);
+  int (*CommDestroy)(void* comm);
+  int (*AllReduce)(const void* send, void* recv, size_t count, int dtype, int op, void* comm,
+                   void* stream);
+  int (*Broadcast)(const void* send, void* recv, size_t count, int dtype, int root, void* comm,
+                   void* stream);
+  int (*Reduce)(const void* send, void* recv, size_t count, int dtype, int op, int root,
+                void* comm, void* stream);
+  int (*AllGather)(const void* send, void* recv, size_t count, int dtype, void* comm,
+                   void* stream);
+  int (*ReduceScatter)(const void* send, void* recv, size_t count, int dtype, int op, void* comm,
+                       void* stream);
+  int (*Send)(const void* buf, size_t count, int dtype, int peer, void* comm, void* stream);
+  int (*Recv)(void* buf, size_t count, int dtype, int peer, void* comm, void* stream);
+  int (*GroupStart)();
+  int (*GroupEnd)();
+};
+
+std::mutex g_nccl_mu;
+NcclApi g_nccl{};
+bool g_nccl_loaded = false;
+std::string g_nccl_error;  // why loading failed, once tried
+
+AnychipStatus load_nccl() {
+  std::lock_guard<std::mutex> lock(g_nccl_mu);
+  if (g_nccl_loaded) return ANYCHIP_OK;
+  if (g_nccl_error.empty()) {
+    void* lib = nullptr;
+    std::string reasons;
+    for (const char* name : {"libnccl.so.2", "libnccl.so"}) {
+      lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+      if (lib) break;
+      const char* why = dlerror();
+      reasons += std::string(reasons.empty() ? "" : "; ") + (why ? why : name);
+    }
+    if (!lib) {
+      g_nccl_error = "NCCL is not available (" + reasons +
+                     "); install the nvidia-nccl-cu12 wheel or put libnccl.so.2 on LD_LIBRARY_PATH";
+    } else {
+      std::string missing;
+      NcclApi api{};
+      load(lib, "ncclGetErrorString", &api.GetErrorString, &missing);
+      load(lib, "ncclGetUniqueId", &api.GetUniqueId, &missing);
+      load(lib, "ncclCommInitRank", &api.CommInitRank, &missing);
+      load(lib, "ncclCommDestroy", &api.CommDestroy, &missing);
+      load(lib, "ncclAllReduce", &api.AllReduce, &missing);
+      load(lib, "ncclBroadcast", &api.Broadcast, &missing);
+      load(lib, "ncclReduce", &api.Reduce, &missing);
+      load(lib, "ncclAllGather", &api.AllGather, &missing);
+      load(lib, "ncclReduceScatter", &api.ReduceScatter, &missing);
+      load(lib, "ncclSend", &api.Send, &missing);
+      load(lib, "ncclRecv", &api.Recv, &missing);
+      load(lib, "ncclGroupStart", &api.GroupStart, &missing);
+      load(lib, "ncclGroupEnd", &api.GroupEnd, &missing);
+      if (!missing.empty()) {
+        g_nccl_error = "NCCL is too old: libnccl.so.2 lacks " + missing + " (send/recv need 2.7)";
+      } else {
+        g_nccl = api;
+        g_nccl_loaded = true;
+        return ANYCHIP_OK;
+      }
+    }
+  }
+  return fail(ANYCHIP_ERROR_UNAVAILABLE, "gpu: " + g_nccl_error);
+}
+
+AnychipStatus check_nccl(int result, int device, const char* op, const char* api) {
+  if (result == 0) return ANYCHIP_OK;
+  // ncclInvalidArgument = 4, ncclInvalidUsage = 5; the rest are failures of the system or peers.
+  AnychipStatus status = (result == 4 || result == 5) ? ANYCHIP_ERROR_INVALID_ARGUMENT
+                                                      : ANYCHIP_ERROR_DEVICE;
+  return fail(status, gpu(device) + " " + op + " failed (" + api + ": " +
+                          (g_nccl.GetErrorString ? g_nccl.GetErrorString(result) : "?") + ")");
+}
+
+}  // namespace
+
+struct AnychipComm_st {
+  void* nccl;
+  int device, rank, nranks;
+};
+
+namespace {
+
+std::mutex g_comm_mu;
+std::unordered_set<AnychipComm> g_comms;
+
+// AnychipDtype -> ncclDataType_t; bool travels as uint8 (see nccl_op). -1: NCCL has no int16.
+int nccl_dtype(AnychipDtype dtype) {
+  switch (dtype) {
+    case ANYCHIP_DTYPE_INT8: return 0;
+    case ANYCHIP_DTYPE_UINT8: case ANYCHIP_DTYPE_BOOL: return 1;
+    case ANYCHIP_DTYPE_INT32: return 2;
+    case ANYCHIP_DTYPE_INT64: return 4;
+    case ANYCHIP_DTYPE_FLOAT16: return 6;
+    case ANYCHIP_DTYPE_FLOAT32: return 7;
+    case ANYCHIP_DTYPE_FLOAT64: return 8;
+    case ANYCHIP_DTYPE_BFLOAT16: return 9;
+    default: return -1;
+  }
+}
+
+// AnychipReduceOp -> ncclRedOp_t (the same numbering). On bool (as uint8 0/1), sum is max
+// (logical or) and prod is min (logical and); avg is invalid.
+int nccl_op(AnychipDtype dtype, AnychipReduceOp op) {
+  if (op < ANYCHIP_REDUCE_SUM || op > ANYCHIP_REDUCE_AVG) return -1;
+  if (dtype == ANYCHIP_DTYPE_BOOL) {
+    if (op == ANYCHIP_REDUCE_AVG) return -1;
+    if (op == ANYCHIP_REDUCE_SUM) return ANYCHIP_REDUCE_MAX;
+    if (op == ANYCHIP_REDUCE_PROD) return ANYCHIP_REDUCE_MIN;
+  }
+  return static_cast<int>(op);
+}
+
+// Prologue of every collective: NCCL is loaded, `comm` is live and its device current, `stream`
+// belongs to that device, and `dtype` (and `op`, when given) map to NCCL.
+AnychipStatus enter_comm(AnychipRuntime rt, AnychipComm comm, AnychipStream stream,
+                         AnychipDtype dtype, const AnychipReduceOp* op, const char* name,
+                         int* nccl_type, int* nccl_red) {
+  if (AnychipStatus s = load_nccl()) return s;
+  {
+    std::lock_guard<std::mutex> lock(g_comm_mu);
+    if (!comm || !g_comms.count(comm)) {
+      return fail(ANYCHIP_ERROR_INVALID_ARGUMENT,
+                  std::string("gpu ") + name + ": comm " + hex(comm) + " is not a live communicator");
+    }
+  }
+  if (AnychipStatus s = enter(rt, comm->device, name)) return s;
+  if (AnychipStatus s = check_handle(rt, rt->streams, stream, comm->device, name,
+                                     HandleUse::kOwnDevice)) {
+    return s;
+  }
+  *nccl_type = nccl_dtype(dtype);
+  if (*nccl_type < 0) {
+    return fail(ANYCHIP_ERROR_UNSUPPORTED, gpu(comm->device) + " " + name + ": NCCL has no dtype " +
+                                               std::to_string(static_cast<int>(dtype)));
+  }
+  if (op) {
+    *nccl_red = nccl_op(dtype, *op);
+    if (*nccl_red < 0) {
+      return fail(ANYCHIP_ERROR_INVALID_ARGUMENT,
+                  gpu(comm->device) + " " + name + ": op " + std::to_string(static_cast<int>(*op)) +
+                      " is not a reduction on dtype " + std::to_string(static_cast<int>(dtype)));
+    }
+  }
+  return ANYCHIP_OK;
+}
+
+AnychipStatus comm_get_unique_id_size(AnychipRuntime, size_t* size) {
+  if (!size) return fail(ANYCHIP_ERROR_INVALID_ARGUMENT, "gpu comm_get_unique_id_size: size is NULL");
+  *size = sizeof(NcclUniqueId);
+  return ANYCHIP_OK;
+}
+
+AnychipStatus comm_get_unique_id(AnychipRuntime, void* id, size_t size) {
+  if (AnychipStatus s = load_nccl()) return s;
+  if (!id || size < sizeof(NcclUniqueId)) {
+    return fail(ANYCHIP_ERROR_INVALID_ARGUMENT, "gpu comm_get_unique_id: id is NULL or size " +
+                                                    std::to_string(size) + " < 128");
+  }
+  NcclUniqueId uid{};
+  if (AnychipStatus s = check_nccl(g_nccl.GetUniqueId(&uid), -1, "comm_get_unique_id",
+                                   "ncclGetUniqueId")) {
+    return s;
+  }
+  std::memcpy(id, &uid, sizeof(uid));
+  return ANYCHIP_OK;
+}
+
+AnychipStatus comm_init_rank(AnychipRuntime rt, int device, const void* id, size_t id_size,
+                             int rank, int nranks, AnychipComm* comm) {
+  const char* op = "comm_init_rank";
+  if (AnychipStatus s = load_nccl()) return s;
+  if (AnychipStatus s = enter(rt, device, op)) return s;
+  if (AnychipStatus s = require(id && id_size == sizeof(NcclUniqueId), device, op,
+                                "id must be the 128 bytes comm_get_unique_id wrote")) {
+    return s;
+  }
+  if (AnychipStatus s = require(nranks >= 1 && rank >= 0 && rank < nranks && comm, device, op,
+                                "rank must be in 0..nranks-1 and comm non-NULL")) {
+    return s;
+  }
+  NcclUniqueId uid;
+  std::memcpy(&uid, id, sizeof(uid));
+  void* handle = nullptr;
+  if (AnychipStatus s = check_nccl(g_nccl.CommInitRank(&handle, nranks, uid, rank), device, op,
+                                   "ncclCommInitRank")) {
+    return s;
+  }
+  auto* c = new AnychipComm_st{handle, device, rank, nranks};
+  std::lock_guard<std::mutex> lock(g_comm_mu);
+  g_comms.insert(c);
+  *comm = c;
+  return ANYCHIP_OK;
+}
+
+AnychipStatus comm_destroy(AnychipRuntime rt, AnychipComm comm) {
+  const char* op = "comm_destroy";
+  if (AnychipStatus s = load_nccl()) return s;
+  {
+    std::lock_guard<std::mutex> lock(g_comm_mu);
+    if (!comm || !g_comms.erase(comm)) {
+      return fail(ANYCHIP_ERROR_INVALID_ARGUMENT,
+                  std::string("gpu comm_destroy: comm ") + hex(comm) + " is not a live communicator");
+    }
+  }
+  int device = comm->device;
+  void* handle = comm->nccl;
+  delete comm;
+  if (AnychipStatus s = enter(rt, device, op)) return s;
+  return check_nccl(g_nccl.CommDestroy(handle), device, op, "ncclCommDestroy");
+}
+
+AnychipStatus all_reduce(AnychipRuntime rt, const void* send, void* recv, size_t count,
+                         AnychipDtype dtype, AnychipReduceOp op, AnychipComm comm,
+                         AnychipStream stream) {
+  int t = 0, r = 0;
+  if (AnychipStatus s = enter_comm(rt, comm, stream, dtype, &op, "all_reduce", &t, &r)) return s;
+  return check_nccl(g_nccl.AllReduce(send, recv, count, t, r, comm->nccl, stream), comm->device,
+                    "all_reduce", "ncclAllReduce");
+}
+
+AnychipStatus broadcast(AnychipRuntime rt, const void* send, void* recv, size_t count,
+                        AnychipDtype dtype, int root, AnychipComm comm, AnychipStream stream) {
+  int t = 0, r = 0;
+  if (AnychipStatus s = enter_comm(rt, comm, stream, dtype, nullptr, "broadcast", &t, &r)) return s;
+  return check_nccl(g_nccl.Broadcast(send, recv, count, t, root, comm->nccl, stream), comm->device,
+                    "broadcast", "ncclBroadcast");
+}
+
+AnychipStatus reduce(AnychipRuntime rt, const void* send, void* recv, size_t count,
+                     AnychipDtype dtype, AnychipReduceOp op, int root, AnychipComm comm,
+                     AnychipStream stream) {
+  int t = 0, r = 0;
+  if (AnychipStatus s = enter_comm(rt, comm, stream, dtype, &op, "reduce", &t, &r)) return s;
+  return check_nccl(g_nccl.Reduce(send, recv, count, t, r, root, comm->nccl, stream), comm->device,
+                    "reduce", "ncclReduce");
+}
+
+AnychipStatus all_gather(AnychipRuntime rt, const void* send, void* recv, size_t count,
+                         AnychipDtype dtype, AnychipComm comm, AnychipStream stream) {
+  int t = 0, r = 0;
+  if (AnychipStatus s = enter_comm(rt, comm, stream, dtype, nullptr, "all_gather", &t, &r)) return s;
+  return check_nccl(g_nccl.AllGather(send, recv, count, t, comm->nccl, stream), comm->device,
+                    "all_gather", "ncclAllGather");
+}
+
+AnychipStatus reduce_scatter(AnychipRuntime rt, const void* send, void* recv, size_t count,
+                             AnychipDtype dtype, AnychipReduceOp op, AnychipComm comm,
+                             AnychipStream stream) {
+  int t = 0, r = 0;
+  if (AnychipStatus s = enter_comm(rt, comm, stream, dtype, &op, "reduce_scatter", &t, &r)) return s;
+  return check_nccl(g_nccl.ReduceScatter(send, recv, count, t, r, comm->nccl, stream),
+                    comm->device, "reduce_scatter", "ncclReduceScatter");
+}
+
+size_t dtype_bytes(AnychipDtype dtype) {
+  switch (dtype) {
+    case ANYCHIP_DTYPE_FLOAT16: case ANYCHIP_DTYPE_BFLOAT16: case ANYCHIP_DTYPE_INT16: return 2;
+    case ANYCHIP_DTYPE_FLOAT32: case ANYCHIP_DTYPE_INT32: return 4;
+    case ANYCHIP_DTYPE_FLOAT64: case ANYCHIP_DTYPE_INT64: return 8;
+    default: return 1;
+  }
+}
+
+AnychipStatus all_to_all(AnychipRuntime rt, const void* send, void* recv, size_t count,
+                         AnychipDtype dtype, AnychipComm comm, AnychipStream stream) {
+  const char* op = "all_to_all";
+  int t = 0, r = 0;
+  if (AnychipStatus s = enter_comm(rt, comm, stream, dtype, nullptr, op, &t, &r)) return s;
+  size_t slice = count * dtype_bytes(dtype);
+  if (AnychipStatus s = check_nccl(g_nccl.GroupStart(), comm->device, op, "ncclGroupStart")) return s;
+  AnychipStatus first = ANYCHIP_OK;
+  for (int peer = 0; peer < comm->nranks && first == ANYCHIP_OK; ++peer) {
+    first = check_nccl(g_nccl.Send(static_cast<const char*>(send) + peer * slice, count, t, peer,
+                                   comm->nccl, stream), comm->device, op, "ncclSend");
+    if (first == ANYCHIP_OK) {
+      first = check_nccl(g_nccl.Recv(static_cast<char*>(recv) + peer * slice, count, t, peer,
+                                     comm->nccl, stream), comm->device, op, "ncclRecv");
+    }
+  }
+  AnychipStatus ended = check_nccl(g_nccl.GroupEnd(), comm->device, op, "ncclGroupEnd");
+  return first != ANYCHIP_OK ? first : ended;
+}
+
+AnychipStatus send(AnychipRuntime rt, const void* buf, size_t count, AnychipDtype dtype, int peer,
+                   AnychipComm comm, AnychipStream stream) {
+  int t = 0, r = 0;
+  if (AnychipStatus s = enter_comm(rt, comm, stream, dtype, nullptr, "send", &t, &r)) return s;
+  return check_nccl(g_nccl.Send(buf, count, t, peer, comm->nccl, stream), comm->device, "send",
+                    "ncclSend");
+}
+
+AnychipStatus recv(AnychipRuntime rt, void* buf, size_t count, AnychipDtype dtype, int peer,
+                   AnychipComm comm, AnychipStream stream) {
+  int t = 0, r = 0;
+  if (AnychipStatus s = enter_comm(rt, comm, stream, dtype, nullptr, "recv", &t, &r)) return s;
+  return check_nccl(g_nccl.Recv(buf, count, t, peer, comm->nccl, stream), comm->device, "recv",
+                    "ncclRecv");
+}
+
+AnychipStatus group_start(AnychipRuntime) {
+  if (AnychipStatus s = load_nccl()) return s;
+  return check_nccl(g_nccl.GroupStart(), -1, "group_start", "ncclGroupStart");
+}
+
+AnychipStatus group_end(AnychipRuntime) {
+  if (AnychipStatus s = load_nccl()) return s;
+  return check_nccl(g_nccl.GroupEnd(), -1, "group_end", "ncclGroupEnd");
+}
+
 }  // namespace
 
 // No options are recognised; the contract lets a plugin ignore keys it does not know.
@@ -861,5 +1188,25 @@ extern "C" __attribute__((visibility("default"))) AnychipStatus anychip_device_i
   iface->event_elapsed_ms = event_elapsed_ms;
   iface->synchronize_device = synchronize_device;
   iface->get_properties = get_properties;
+  // The collectives only when the caller's table has room for them (a caller built against
+  // ABI 1.1 has `reserved` there, which a plugin never writes).
+  constexpr size_t kCollectivesEnd =
+      offsetof(AnychipDeviceInterface, group_end) + sizeof(AnychipDeviceInterface::group_end);
+  if (iface->struct_size >= kCollectivesEnd) {
+    iface->comm_get_unique_id_size = comm_get_unique_id_size;
+    iface->comm_get_unique_id = comm_get_unique_id;
+    iface->comm_init_rank = comm_init_rank;
+    iface->comm_destroy = comm_destroy;
+    iface->all_reduce = all_reduce;
+    iface->broadcast = broadcast;
+    iface->reduce = reduce;
+    iface->all_gather = all_gather;
+    iface->reduce_scatter = reduce_scatter;
+    iface->all_to_all = all_to_all;
+    iface->send = send;
+    iface->recv = recv;
+    iface->group_start = group_start;
+    iface->group_end = group_end;
+  }
   return ANYCHIP_OK;
 }

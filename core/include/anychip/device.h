@@ -50,7 +50,7 @@ extern "C" {
 #endif
 
 #define ANYCHIP_DEVICE_ABI_MAJOR 1
-#define ANYCHIP_DEVICE_ABI_MINOR 1
+#define ANYCHIP_DEVICE_ABI_MINOR 2
 #define ANYCHIP_DEVICE_ABI_VERSION ((ANYCHIP_DEVICE_ABI_MAJOR << 16) | ANYCHIP_DEVICE_ABI_MINOR)
 #define ANYCHIP_DEVICE_INIT_SYMBOL "anychip_device_init"
 
@@ -84,6 +84,21 @@ typedef enum AnychipDtype {
 typedef struct AnychipRuntime_st* AnychipRuntime;
 typedef struct AnychipStream_st* AnychipStream;
 typedef struct AnychipEvent_st* AnychipEvent;
+/* A communicator (ABI 1.2): one rank's membership in a group of `nranks` devices. */
+typedef struct AnychipComm_st* AnychipComm;
+
+/* Reduction operators of the collectives (ABI 1.2), as NCCL's ncclRedOp_t (avg: sum / nranks,
+ * NCCL >= 2.10). On bool, sum and max are logical or, prod and min logical and; avg is invalid. */
+typedef enum AnychipReduceOp {
+  ANYCHIP_REDUCE_SUM = 0,
+  ANYCHIP_REDUCE_PROD = 1,
+  ANYCHIP_REDUCE_MAX = 2,
+  ANYCHIP_REDUCE_MIN = 3,
+  ANYCHIP_REDUCE_AVG = 4
+} AnychipReduceOp;
+
+/* Bytes of a communicator's unique id (NCCL's NCCL_UNIQUE_ID_BYTES). */
+#define ANYCHIP_COMM_UNIQUE_ID_BYTES 128
 
 /* Called on a plugin thread when a stream reaches it; `status` is ANYCHIP_OK unless earlier work
  * on the stream failed. It must not call any function of the runtime (CUDA forbids it, and a
@@ -257,14 +272,93 @@ typedef struct AnychipDeviceInterface {
                                         AnychipHostFunction fn, void* user_data,
                                         const AnychipMemoryRange* ranges, int num_ranges);
 
+  /* ---- collectives (ABI 1.2) ------------------------------------------------------------ */
+  /* All OPTIONAL, as one block: a plugin fills all of them or none. NULL (every plugin built
+   * against ABI <= 1.1, whose struct has `reserved` here) means "this chip has no collectives";
+   * the caller reports that, naming the chip and the plugin's ABI. They mirror NCCL and Paddle's
+   * device_ext.h xccl_* functions one to one:
+   *   - A unique id is an opaque blob of `comm_get_unique_id_size` bytes (at most
+   *     ANYCHIP_COMM_UNIQUE_ID_BYTES), made once by rank 0 and passed to the other ranks out of
+   *     band (a file, a TCP store). Every rank then calls `comm_init_rank` with it.
+   *   - `count` is in elements of `dtype` (an AnychipDtype the device declares in
+   *     AnychipDeviceProperties.dtypes), never bytes. Buffers are device memory of the device the
+   *     communicator was initialised on, and `stream` is a stream of that device.
+   *   - Every collective only enqueues on `stream`: it runs after all earlier work on the stream,
+   *     and later work sees its result. Errors (a peer that never arrives, a dead peer) are the
+   *     work's errors, reported by the next synchronize/query of the stream; a plugin never
+   *     waits forever for a peer (the simulator: ANYCHIP_COLLECTIVE_TIMEOUT seconds).
+   *   - Every rank of a communicator calls the same collectives in the same order with the same
+   *     count, dtype, op and root.
+   *   - In place (send == recv) is allowed for all_reduce, broadcast and reduce; for all_gather
+   *     when send == recv + rank * count, for reduce_scatter when recv == send + rank * count
+   *     (each rank's slice), as NCCL allows. all_to_all and send/recv are never in place. */
+
+  /* Plugin fills. Bytes of this plugin's unique id (<= ANYCHIP_COMM_UNIQUE_ID_BYTES). */
+  AnychipStatus (*comm_get_unique_id_size)(AnychipRuntime rt, size_t* size);
+  /* Plugin fills. Writes a fresh unique id (random: a stale one from a crashed run never
+   * collides) into `id`, whose `size` must be at least comm_get_unique_id_size's. */
+  AnychipStatus (*comm_get_unique_id)(AnychipRuntime rt, void* id, size_t size);
+  /* Plugin fills. Joins `device` as rank `rank` (0 <= rank < nranks) of the communicator named
+   * by `id`. Blocking like ncclCommInitRank: it may wait for the other ranks. *comm is never NULL
+   * on success. */
+  AnychipStatus (*comm_init_rank)(AnychipRuntime rt, int device, const void* id, size_t id_size,
+                                  int rank, int nranks, AnychipComm* comm);
+  /* Plugin fills. Waits for the communicator's enqueued work, then releases it. */
+  AnychipStatus (*comm_destroy)(AnychipRuntime rt, AnychipComm comm);
+  /* recv[i] = op over ranks of send[i], i < count, on every rank. */
+  AnychipStatus (*all_reduce)(AnychipRuntime rt, const void* send, void* recv, size_t count,
+                              AnychipDtype dtype, AnychipReduceOp op, AnychipComm comm,
+                              AnychipStream stream);
+  /* recv = root's send (send is read on `root` only; may equal recv). */
+  AnychipStatus (*broadcast)(AnychipRuntime rt, const void* send, void* recv, size_t count,
+                             AnychipDtype dtype, int root, AnychipComm comm, AnychipStream stream);
+  /* As all_reduce, but only `root`'s recv is written (recv is ignored on the others). */
+  AnychipStatus (*reduce)(AnychipRuntime rt, const void* send, void* recv, size_t count,
+                          AnychipDtype dtype, AnychipReduceOp op, int root, AnychipComm comm,
+                          AnychipStream stream);
+  /* recv (nranks * count elements) = the ranks' send (count elements each), in rank order. */
+  AnychipStatus (*all_gather)(AnychipRuntime rt, const void* send, void* recv, size_t count,
+                              AnychipDtype dtype, AnychipComm comm, AnychipStream stream);
+  /* recv (count elements) = slice `rank` of op over ranks of send (nranks * count elements). */
+  AnychipStatus (*reduce_scatter)(AnychipRuntime rt, const void* send, void* recv, size_t count,
+                                  AnychipDtype dtype, AnychipReduceOp op, AnychipComm comm,
+                                  AnychipStream stream);
+  /* send and recv hold nranks * count elements: slice j of send goes to rank j, where it lands
+   * as slice `rank` of recv. */
+  AnychipStatus (*all_to_all)(AnychipRuntime rt, const void* send, void* recv, size_t count,
+                              AnychipDtype dtype, AnychipComm comm, AnychipStream stream);
+  /* Point to point: `send` to rank `peer`, which posts the matching `recv` (same count and
+   * dtype). Outside a group, a send blocks its stream until the peer's recv runs. */
+  AnychipStatus (*send)(AnychipRuntime rt, const void* buf, size_t count, AnychipDtype dtype,
+                        int peer, AnychipComm comm, AnychipStream stream);
+  AnychipStatus (*recv)(AnychipRuntime rt, void* buf, size_t count, AnychipDtype dtype, int peer,
+                        AnychipComm comm, AnychipStream stream);
+  /* Calls between group_start and group_end (of the calling thread; groups nest) are enqueued
+   * together at group_end, as ncclGroupStart/End: sends and recvs of a group cannot deadlock
+   * each other, whatever their order. */
+  AnychipStatus (*group_start)(AnychipRuntime rt);
+  AnychipStatus (*group_end)(AnychipRuntime rt);
+
   /* Room to grow without breaking plugins built against this version: new functions take
    * these slots in order. Plugins leave them NULL. */
-  void* reserved[31];
+  void* reserved[17];
 } AnychipDeviceInterface;
 
 /* The entry point every plugin library exports. Fills `iface` (see "How a plugin is loaded").
  * On failure returns an error and, if it set `iface->last_error`, a message for it. */
 typedef AnychipStatus (*AnychipDeviceInitFn)(AnychipDeviceInterface* iface, const char* options);
+
+/* The struct keeps the size it had at ABI 1.0/1.1 (3 pointer-sized header words, 36 functions,
+ * 31 reserved slots): growing it would break plugins built against an older header. */
+#if defined(__cplusplus) && __cplusplus >= 201103L
+static_assert(sizeof(AnychipDeviceInterface) == (3 + 36 + 31) * sizeof(void*) ||
+                  sizeof(void*) != 8,
+              "AnychipDeviceInterface must not change size");
+#elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+_Static_assert(sizeof(AnychipDeviceInterface) == (3 + 36 + 31) * sizeof(void*) ||
+                   sizeof(void*) != 8,
+               "AnychipDeviceInterface must not change size");
+#endif
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -27,6 +27,7 @@
 #include "common/last_error.h"
 #include "common/options.h"
 #include "sim/arena.h"
+#include "sim/collectives.h"
 #include "sim/stream.h"
 
 using anychip::fail;
@@ -54,8 +55,16 @@ struct Device {
 
 }  // namespace
 
+struct AnychipComm_st {
+  AnychipRuntime rt;
+  int device;
+  anychip::sim::coll::Comm* comm;
+};
+
 struct AnychipRuntime_st {
   std::string name = "sim", model = "anychip simulator", vendor = "anychip";
+  std::mutex comm_mu;
+  std::set<AnychipComm_st*> comms;  // live communicators (handles are checked against it)
   uint64_t device_count = 1, capacity = 1ull << 30, dtypes = 0, cc = 0, alignment = 256;
   bool checking = false, simulated = true, initialized = false;
   std::vector<std::unique_ptr<Device>> devices;
@@ -552,6 +561,233 @@ AnychipStatus configure(Rt rt, const char* options) {
   return ANYCHIP_OK;
 }
 
+
+// ---- collectives (ABI 1.2; the engine is sim/collectives.cc) ----------------------------------
+
+namespace coll = anychip::sim::coll;
+
+struct PendingCollective {
+  AnychipStream stream;
+  Device* dev;
+  coll::Op op;
+  std::vector<AnychipMemoryRange> ranges;
+};
+
+// Calls between group_start and group_end of this thread, enqueued at the outermost group_end.
+thread_local int g_group_depth = 0;
+thread_local std::vector<PendingCollective> g_group;
+
+void enqueue_collectives(Device* dev, AnychipStream stream, std::vector<coll::Op> ops,
+                         std::vector<AnychipMemoryRange> ranges) {
+  stream->stream->enqueue([=](AnychipStatus) {
+    std::vector<std::unique_ptr<AccessWindow>> windows;
+    for (const AnychipMemoryRange& r : ranges) {
+      windows.push_back(std::make_unique<AccessWindow>(dev->arena.get(), r.ptr, r.size, "buffer"));
+      if (windows.back()->status() != ANYCHIP_OK) return windows.back()->status();
+    }
+    return coll::run(ops);
+  });
+}
+
+AnychipStatus sim_comm_get_unique_id_size(Rt, size_t* size) {
+  if (size == nullptr) return fail(ANYCHIP_ERROR_INVALID_ARGUMENT, "comm_get_unique_id_size: size is NULL");
+  *size = coll::kIdBytes;
+  return ANYCHIP_OK;
+}
+
+AnychipStatus sim_comm_get_unique_id(Rt, void* id, size_t size) { return coll::make_unique_id(id, size); }
+
+AnychipStatus sim_comm_init_rank(Rt rt, int device, const void* id, size_t id_size, int rank,
+                                 int nranks, AnychipComm* comm) {
+  GET_DEV(rt, device, dev);
+  (void)dev;
+  if (comm == nullptr) return fail(ANYCHIP_ERROR_INVALID_ARGUMENT, "comm_init_rank: comm is NULL");
+  coll::Comm* c = nullptr;
+  CHECK(coll::open(id, id_size, rank, nranks, label(rt, device), &c));
+  auto* handle = new AnychipComm_st{rt, device, c};
+  std::lock_guard<std::mutex> lock(rt->comm_mu);
+  rt->comms.insert(handle);
+  *comm = handle;
+  return ANYCHIP_OK;
+}
+
+AnychipStatus check_comm(Rt rt, AnychipComm comm, const char* what) {
+  if (rt == nullptr) return fail(ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: runtime is NULL", what);
+  std::lock_guard<std::mutex> lock(rt->comm_mu);
+  if (comm == nullptr || !rt->comms.count(comm)) {
+    return fail(ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: comm %p is not a live communicator of %s",
+                what, static_cast<void*>(comm), rt->name.c_str());
+  }
+  return ANYCHIP_OK;
+}
+
+AnychipStatus sim_comm_destroy(Rt rt, AnychipComm comm) {
+  CHECK(check_comm(rt, comm, "comm_destroy"));
+  GET_DEV(rt, comm->device, dev);
+  wait_streams(dev);  // the communicator's enqueued work runs first
+  {
+    std::lock_guard<std::mutex> lock(rt->comm_mu);
+    rt->comms.erase(comm);
+  }
+  coll::close(comm->comm);
+  delete comm;
+  return ANYCHIP_OK;
+}
+
+// Checks a collective's arguments at the call (as a driver would) and enqueues it, or keeps it
+// for group_end. `buffers` are (pointer, elements, name) of the device memory it touches.
+struct Buf {
+  const void* ptr;
+  size_t elements;
+  const char* name;
+};
+
+AnychipStatus submit(Rt rt, AnychipComm comm, AnychipStream stream, coll::Op op,
+                     std::initializer_list<Buf> buffers) {
+  const char* what = coll::kind_name(op.kind);
+  CHECK(check_comm(rt, comm, what));
+  GET_DEV(rt, comm->device, dev);
+  std::string where = label(rt, comm->device) + ": " + what;
+  CHECK(check_stream(rt, comm->device, dev, stream));
+  size_t es = coll::dtype_size(op.dtype);
+  if (es == 0 || !(rt->dtypes & ANYCHIP_DTYPE_BIT(op.dtype))) {
+    return fail(ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: dtype %d is not a dtype this device declares",
+                where.c_str(), static_cast<int>(op.dtype));
+  }
+  bool reduces = op.kind == coll::Kind::AllReduce || op.kind == coll::Kind::Reduce ||
+                 op.kind == coll::Kind::ReduceScatter;
+  if (reduces && !coll::op_valid(op.dtype, op.op)) {
+    return fail(ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: op %d is not a reduction on dtype %d (sum, prod, "
+                "max, min, avg; avg is not defined on bool)", where.c_str(), static_cast<int>(op.op),
+                static_cast<int>(op.dtype));
+  }
+  int n = coll::nranks_of(comm->comm);
+  bool rooted = op.kind == coll::Kind::Broadcast || op.kind == coll::Kind::Reduce ||
+                op.kind == coll::Kind::Send || op.kind == coll::Kind::Recv;
+  if (rooted && (op.root < 0 || op.root >= n)) {
+    return fail(ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: %s must be a rank in 0..%d, got %d",
+                where.c_str(), op.kind == coll::Kind::Send || op.kind == coll::Kind::Recv ? "peer" : "root",
+                n - 1, op.root);
+  }
+  op.comm = comm->comm;
+  std::vector<AnychipMemoryRange> ranges;
+  for (const Buf& b : buffers) {
+    if (b.elements == 0) continue;
+    if (b.elements > SIZE_MAX / es) {
+      return fail(ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: %s: count too large", where.c_str(), b.name);
+    }
+    std::string name = std::string(what) + " " + b.name;
+    CHECK(AccessWindow(dev->arena.get(), b.ptr, b.elements * es, name.c_str()).status());
+    ranges.push_back(AnychipMemoryRange{b.ptr, b.elements * es});
+  }
+  if (g_group_depth > 0) {
+    g_group.push_back(PendingCollective{stream, dev, op, std::move(ranges)});
+  } else {
+    enqueue_collectives(dev, stream, {op}, std::move(ranges));
+  }
+  return ANYCHIP_OK;
+}
+
+coll::Op make_op(coll::Kind kind, const void* send, void* recv, size_t count, AnychipDtype dtype,
+                 AnychipReduceOp op = ANYCHIP_REDUCE_SUM, int root = 0) {
+  return coll::Op{kind, nullptr, send, recv, count, dtype, op, root};
+}
+
+size_t ranks(Rt rt, AnychipComm comm) {
+  std::lock_guard<std::mutex> lock(rt->comm_mu);
+  return rt->comms.count(comm) ? static_cast<size_t>(coll::nranks_of(comm->comm)) : 1;
+}
+
+int rank(Rt rt, AnychipComm comm) {
+  std::lock_guard<std::mutex> lock(rt->comm_mu);
+  return rt->comms.count(comm) ? coll::rank_of(comm->comm) : 0;
+}
+
+AnychipStatus sim_all_reduce(Rt rt, const void* send, void* recv, size_t count, AnychipDtype dtype,
+                             AnychipReduceOp op, AnychipComm comm, AnychipStream stream) {
+  return submit(rt, comm, stream, make_op(coll::Kind::AllReduce, send, recv, count, dtype, op),
+                {{send, count, "send"}, {recv, count, "recv"}});
+}
+
+AnychipStatus sim_broadcast(Rt rt, const void* send, void* recv, size_t count, AnychipDtype dtype,
+                            int root, AnychipComm comm, AnychipStream stream) {
+  bool is_root = rank(rt, comm) == root;
+  return submit(rt, comm, stream,
+                make_op(coll::Kind::Broadcast, send, recv, count, dtype, ANYCHIP_REDUCE_SUM, root),
+                {{send, is_root ? count : 0, "send"}, {recv, count, "recv"}});
+}
+
+AnychipStatus sim_reduce(Rt rt, const void* send, void* recv, size_t count, AnychipDtype dtype,
+                         AnychipReduceOp op, int root, AnychipComm comm, AnychipStream stream) {
+  bool is_root = rank(rt, comm) == root;
+  return submit(rt, comm, stream, make_op(coll::Kind::Reduce, send, recv, count, dtype, op, root),
+                {{send, count, "send"}, {recv, is_root ? count : 0, "recv"}});
+}
+
+AnychipStatus sim_all_gather(Rt rt, const void* send, void* recv, size_t count, AnychipDtype dtype,
+                             AnychipComm comm, AnychipStream stream) {
+  return submit(rt, comm, stream, make_op(coll::Kind::AllGather, send, recv, count, dtype),
+                {{send, count, "send"}, {recv, count * ranks(rt, comm), "recv"}});
+}
+
+AnychipStatus sim_reduce_scatter(Rt rt, const void* send, void* recv, size_t count,
+                                 AnychipDtype dtype, AnychipReduceOp op, AnychipComm comm,
+                                 AnychipStream stream) {
+  return submit(rt, comm, stream, make_op(coll::Kind::ReduceScatter, send, recv, count, dtype, op),
+                {{send, count * ranks(rt, comm), "send"}, {recv, count, "recv"}});
+}
+
+AnychipStatus sim_all_to_all(Rt rt, const void* send, void* recv, size_t count, AnychipDtype dtype,
+                             AnychipComm comm, AnychipStream stream) {
+  size_t n = ranks(rt, comm);
+  return submit(rt, comm, stream, make_op(coll::Kind::AllToAll, send, recv, count, dtype),
+                {{send, count * n, "send"}, {recv, count * n, "recv"}});
+}
+
+AnychipStatus sim_send(Rt rt, const void* buf, size_t count, AnychipDtype dtype, int peer,
+                       AnychipComm comm, AnychipStream stream) {
+  return submit(rt, comm, stream,
+                make_op(coll::Kind::Send, buf, nullptr, count, dtype, ANYCHIP_REDUCE_SUM, peer),
+                {{buf, count, "buf"}});
+}
+
+AnychipStatus sim_recv(Rt rt, void* buf, size_t count, AnychipDtype dtype, int peer,
+                       AnychipComm comm, AnychipStream stream) {
+  return submit(rt, comm, stream,
+                make_op(coll::Kind::Recv, nullptr, buf, count, dtype, ANYCHIP_REDUCE_SUM, peer),
+                {{buf, count, "buf"}});
+}
+
+AnychipStatus sim_group_start(Rt) {
+  ++g_group_depth;
+  return ANYCHIP_OK;
+}
+
+AnychipStatus sim_group_end(Rt) {
+  if (g_group_depth == 0) return fail(ANYCHIP_ERROR_INVALID_ARGUMENT, "group_end without group_start");
+  if (--g_group_depth > 0) return ANYCHIP_OK;
+  std::vector<PendingCollective> pending;
+  pending.swap(g_group);
+  // One work item per stream, in call order: its sends and recvs progress together.
+  std::vector<AnychipStream> order;
+  for (const auto& p : pending) {
+    if (std::find(order.begin(), order.end(), p.stream) == order.end()) order.push_back(p.stream);
+  }
+  for (AnychipStream stream : order) {
+    std::vector<coll::Op> ops;
+    std::vector<AnychipMemoryRange> ranges;
+    Device* dev = nullptr;
+    for (const auto& p : pending) {
+      if (p.stream != stream) continue;
+      dev = p.dev;
+      ops.push_back(p.op);
+      ranges.insert(ranges.end(), p.ranges.begin(), p.ranges.end());
+    }
+    enqueue_collectives(dev, stream, std::move(ops), std::move(ranges));
+  }
+  return ANYCHIP_OK;
+}
+
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) AnychipStatus anychip_device_init(
@@ -601,6 +837,20 @@ extern "C" __attribute__((visibility("default"))) AnychipStatus anychip_device_i
   iface->synchronize_device = sim_synchronize_device;
   iface->get_properties = sim_get_properties;
   iface->launch_host_function = sim_launch_host_function;
+  iface->comm_get_unique_id_size = sim_comm_get_unique_id_size;
+  iface->comm_get_unique_id = sim_comm_get_unique_id;
+  iface->comm_init_rank = sim_comm_init_rank;
+  iface->comm_destroy = sim_comm_destroy;
+  iface->all_reduce = sim_all_reduce;
+  iface->broadcast = sim_broadcast;
+  iface->reduce = sim_reduce;
+  iface->all_gather = sim_all_gather;
+  iface->reduce_scatter = sim_reduce_scatter;
+  iface->all_to_all = sim_all_to_all;
+  iface->send = sim_send;
+  iface->recv = sim_recv;
+  iface->group_start = sim_group_start;
+  iface->group_end = sim_group_end;
   iface->runtime = rt.release();  // owned by the caller's process for its lifetime
   return ANYCHIP_OK;
 }

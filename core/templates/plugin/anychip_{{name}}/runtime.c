@@ -779,5 +779,9 @@ AnychipStatus anychip_device_init(AnychipDeviceInterface* iface, const char* opt
   iface->event_elapsed_ms = rt_event_elapsed_ms;
   iface->synchronize_device = rt_synchronize_device;
   iface->get_properties = rt_get_properties;
+  /* Collectives (device.h, ABI 1.2: comm_get_unique_id_size .. group_end) stay NULL: anychip
+   * then reports that this chip has no collectives. A vendor with a collective library (NCCL,
+   * HCCL, ...) fills all fourteen here, mapping each to its call on the given stream (see
+   * plugins/gpu/cuda_runtime.cc for NCCL). */
   return ANYCHIP_OK;
 }

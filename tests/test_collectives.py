@@ -1,0 +1,413 @@
+"""Collectives (device.h ABI 1.2) on the simulator: every op and dtype against numpy, odd sizes,
+in place, stream ordering, ranks as devices of one process and as processes, timeouts,
+send/recv and groups, and a plugin built against ABI 1.1."""
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import anychip.runtime as rt
+from anychip.native import include_dir
+from anychip.runtime import abi
+from anychip.runtime.collectives import Communicator, has_collectives, unique_id
+
+OPS = ["sum", "prod", "max", "min", "avg"]
+NP = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16, "float64": np.float64,
+      "int8": np.int8, "uint8": np.uint8, "int16": np.int16, "int32": np.int32, "int64": np.int64,
+      "bool": np.uint8}
+
+
+@pytest.fixture(autouse=True)
+def short_timeout(monkeypatch):
+    monkeypatch.setenv("ANYCHIP_COLLECTIVE_TIMEOUT", "3")
+
+
+def bf16_to_f32(bits):
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def f32_to_bf16(x):
+    u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def make_data(dtype, n, rng):
+    if dtype == "bool":
+        return rng.integers(0, 2, n).astype(np.uint8)
+    if dtype == "bfloat16":
+        return f32_to_bf16(rng.standard_normal(n).astype(np.float32))
+    if dtype.startswith("float"):
+        return rng.standard_normal(n).astype(NP[dtype])
+    info = np.iinfo(NP[dtype])
+    return rng.integers(max(info.min, -9), min(info.max, 9) + 1, n).astype(NP[dtype])
+
+
+def reference(dtype, op, arrays):
+    """op over ranks in rank order; 16-bit floats in float32, rounded once; ints wrap."""
+    n = len(arrays)
+    if dtype == "bool":
+        stack = np.stack(arrays) != 0
+        out = stack.any(0) if op in ("sum", "max") else stack.all(0)
+        return out.astype(np.uint8)
+    if dtype in ("float16", "bfloat16"):
+        vals = [bf16_to_f32(a) if dtype == "bfloat16" else a.astype(np.float32) for a in arrays]
+    else:
+        vals = [a.copy() for a in arrays]
+    acc = vals[0].copy()
+    with np.errstate(over="ignore"):
+        for v in vals[1:]:
+            acc = {"sum": np.add, "avg": np.add, "prod": np.multiply, "max": np.maximum,
+                   "min": np.minimum}[op](acc, v).astype(acc.dtype)
+    if op == "avg":
+        if np.issubdtype(acc.dtype, np.integer):
+            wide = acc.astype(np.int64)
+            acc = (np.sign(wide) * (np.abs(wide) // n)).astype(acc.dtype)
+        else:
+            acc = (acc / acc.dtype.type(n)).astype(acc.dtype)
+    if dtype == "float16":
+        return acc.astype(np.float16)
+    if dtype == "bfloat16":
+        return f32_to_bf16(acc)
+    return acc
+
+
+class Ranks:
+    """`nranks` ranks of one communicator on the devices of one process (round robin)."""
+
+    def __init__(self, chip, nranks):
+        self.devices = [rt.open_device(f"{chip}:{r % 2}") for r in range(nranks)]
+        uid = unique_id(self.devices[0])
+        self.comms = [Communicator.init(d, uid, r, nranks) for r, d in enumerate(self.devices)]
+        self.streams = [d.stream() for d in self.devices]
+        self.n = nranks
+
+    def upload(self, r, array):
+        return self.devices[r].upload(np.ascontiguousarray(array))
+
+    def alloc(self, r, nbytes):
+        return self.devices[r].allocate(max(nbytes, 1))
+
+    def sync(self):
+        for s in self.streams:
+            s.synchronize()
+
+    def close(self):
+        for c in self.comms:
+            c.destroy()
+
+
+def chip_dtypes(chip):
+    return rt.open_device(f"{chip}:0").properties.dtypes
+
+
+CASES = [("npu", d) for d in chip_dtypes("npu")] + [("dcu", "float64")]
+
+
+@pytest.mark.parametrize("chip,dtype", CASES, ids=[f"{c}-{d}" for c, d in CASES])
+def test_every_collective_and_op_matches_numpy(chip, dtype):
+    rng = np.random.default_rng(abs(hash(dtype)) % 1000)
+    n, count = 3, 7
+    g = Ranks(chip, n)
+    es = np.dtype(NP[dtype]).itemsize
+    ops = [op for op in OPS if not (dtype == "bool" and op == "avg")]
+    # all_reduce, reduce (root 2), with every op
+    for op in ops:
+        data = [make_data(dtype, count, rng) for _ in range(n)]
+        sends = [g.upload(r, data[r]) for r in range(n)]
+        recvs = [g.alloc(r, count * es) for r in range(n)]
+        roots = [g.alloc(r, count * es) for r in range(n)]
+        for r in range(n):
+            g.comms[r].all_reduce(sends[r].ptr, recvs[r].ptr, count, dtype, op, g.streams[r])
+            g.comms[r].reduce(sends[r].ptr, roots[r].ptr, count, dtype, op, 2, g.streams[r])
+        g.sync()
+        want = reference(dtype, op, data)
+        for r in range(n):
+            np.testing.assert_array_equal(recvs[r].to_numpy(NP[dtype]), want, err_msg=f"all_reduce {op} rank {r}")
+        np.testing.assert_array_equal(roots[2].to_numpy(NP[dtype]), want, err_msg=f"reduce {op}")
+        # reduce_scatter: each rank sends n * count
+        data = [make_data(dtype, n * count, rng) for _ in range(n)]
+        sends = [g.upload(r, data[r]) for r in range(n)]
+        recvs = [g.alloc(r, count * es) for r in range(n)]
+        for r in range(n):
+            g.comms[r].reduce_scatter(sends[r].ptr, recvs[r].ptr, count, dtype, op, g.streams[r])
+        g.sync()
+        want = reference(dtype, op, data)
+        for r in range(n):
+            np.testing.assert_array_equal(recvs[r].to_numpy(NP[dtype]), want[r * count:(r + 1) * count],
+                                          err_msg=f"reduce_scatter {op} rank {r}")
+    # broadcast from 1, all_gather, all_to_all
+    data = [make_data(dtype, n * count, rng) for _ in range(n)]
+    sends = [g.upload(r, data[r]) for r in range(n)]
+    bc = [g.alloc(r, count * es) for r in range(n)]
+    ag = [g.alloc(r, n * count * es) for r in range(n)]
+    a2a = [g.alloc(r, n * count * es) for r in range(n)]
+    for r in range(n):
+        g.comms[r].broadcast(sends[r].ptr, bc[r].ptr, count, dtype, 1, g.streams[r])
+        g.comms[r].all_gather(sends[r].ptr, ag[r].ptr, count, dtype, g.streams[r])
+        g.comms[r].all_to_all(sends[r].ptr, a2a[r].ptr, count, dtype, g.streams[r])
+    g.sync()
+    for r in range(n):
+        np.testing.assert_array_equal(bc[r].to_numpy(NP[dtype]), data[1][:count])
+        np.testing.assert_array_equal(ag[r].to_numpy(NP[dtype]), np.concatenate([d[:count] for d in data]))
+        np.testing.assert_array_equal(a2a[r].to_numpy(NP[dtype]),
+                                      np.concatenate([d[r * count:(r + 1) * count] for d in data]))
+    g.close()
+
+
+def test_odd_sizes_larger_than_the_staging_slots_and_in_place():
+    rng = np.random.default_rng(1)
+    g = Ranks("npu", 2)
+    for count in (1, 1000003):
+        data = [rng.standard_normal(count).astype(np.float32) for _ in range(2)]
+        bufs = [g.upload(r, data[r]) for r in range(2)]
+        for r in range(2):  # in place
+            g.comms[r].all_reduce(bufs[r].ptr, bufs[r].ptr, count, "float32", "sum", g.streams[r])
+        g.sync()
+        for r in range(2):
+            np.testing.assert_array_equal(bufs[r].to_numpy(np.float32), data[0] + data[1])
+        # all_gather in place: each rank's contribution already at its slice of recv
+        gathered = [g.upload(r, np.concatenate([data[r] if q == r else np.zeros(count, np.float32)
+                                                 for q in range(2)])) for r in range(2)]
+        for r in range(2):
+            g.comms[r].all_gather(gathered[r].ptr + r * count * 4, gathered[r].ptr, count, "float32", g.streams[r])
+        g.sync()
+        for r in range(2):
+            np.testing.assert_array_equal(gathered[r].to_numpy(np.float32), np.concatenate(data))
+        # reduce_scatter in place: recv is the rank's slice of send
+        full = [rng.integers(-5, 5, 2 * count).astype(np.int64) for _ in range(2)]
+        rs = [g.upload(r, full[r]) for r in range(2)]
+        for r in range(2):
+            g.comms[r].reduce_scatter(rs[r].ptr, rs[r].ptr + r * count * 8, count, "int64", "max", g.streams[r])
+        g.sync()
+        for r in range(2):
+            got = rs[r].to_numpy(np.int64)[r * count:(r + 1) * count]
+            np.testing.assert_array_equal(got, np.maximum(full[0], full[1])[r * count:(r + 1) * count])
+        # broadcast in place
+        bb = [g.upload(r, data[r]) for r in range(2)]
+        for r in range(2):
+            g.comms[r].broadcast(bb[r].ptr, bb[r].ptr, count, "float32", 0, g.streams[r])
+        g.sync()
+        np.testing.assert_array_equal(bb[1].to_numpy(np.float32), data[0])
+    g.close()
+
+
+def test_collective_is_ordered_on_its_stream():
+    g = Ranks("npu", 2)
+    count = 300001
+    bufs = [g.alloc(r, count * 4) for r in range(2)]
+    hosts = [np.full(count, r + 1, np.float32) for r in range(2)]
+    outs = [np.zeros(count, np.float32) for _ in range(2)]
+    for r in range(2):  # copy in, collective, copy out: all enqueued before anything runs
+        bufs[r].copy_from_host(hosts[r], stream=g.streams[r])
+        g.comms[r].all_reduce(bufs[r].ptr, bufs[r].ptr, count, "float32", "sum", g.streams[r])
+        bufs[r].copy_to_host(outs[r], stream=g.streams[r])
+    g.sync()
+    for r in range(2):
+        assert (outs[r] == 3).all()
+    g.close()
+
+
+def test_send_recv_and_groups():
+    rng = np.random.default_rng(2)
+    g = Ranks("npu", 3)
+    count = 100003  # several mailbox chunks
+    data = [rng.integers(0, 1000, count).astype(np.int32) for _ in range(3)]
+    src = [g.upload(r, data[r]) for r in range(3)]
+    dst = [g.alloc(r, count * 4) for r in range(3)]
+    # a plain pair: 0 -> 2
+    g.comms[2].recv(dst[2].ptr, count, "int32", 0, g.streams[2])
+    g.comms[0].send(src[0].ptr, count, "int32", 2, g.streams[0])
+    g.sync()
+    np.testing.assert_array_equal(dst[2].to_numpy(np.int32), data[0])
+    # a ring inside groups: every rank sends first, then receives (would deadlock without a group)
+    got = [g.alloc(r, count * 4) for r in range(3)]
+    for r in range(3):
+        g.comms[r].group_start()
+        g.comms[r].send(src[r].ptr, count, "int32", (r + 1) % 3, g.streams[r])
+        g.comms[r].recv(got[r].ptr, count, "int32", (r - 1) % 3, g.streams[r])
+        g.comms[r].group_end()
+    g.sync()
+    for r in range(3):
+        np.testing.assert_array_equal(got[r].to_numpy(np.int32), data[(r - 1) % 3])
+    g.close()
+
+
+def test_a_rank_that_never_arrives_is_an_error_within_the_timeout(monkeypatch):
+    monkeypatch.setenv("ANYCHIP_COLLECTIVE_TIMEOUT", "1.5")
+    g = Ranks("npu", 3)
+    bufs = [g.alloc(r, 16) for r in range(3)]
+    start = time.monotonic()
+    for r in (0, 1):  # rank 2 never calls
+        g.comms[r].all_reduce(bufs[r].ptr, bufs[r].ptr, 4, "float32", "sum", g.streams[r])
+    for r in (0, 1):
+        with pytest.raises(rt.AnychipError) as err:
+            g.streams[r].synchronize()
+        msg = str(err.value)
+        assert "all_reduce" in msg and "ranks arrived: 0, 1; not arrived: 2" in msg, msg
+        assert "ANYCHIP_COLLECTIVE_TIMEOUT=1.5 s" in msg, msg
+        assert err.value.status == "DEVICE"
+    assert time.monotonic() - start < 8
+    # the communicator stays failed, with the first message
+    g.comms[0].all_reduce(bufs[0].ptr, bufs[0].ptr, 4, "float32", "sum", g.streams[0])
+    with pytest.raises(rt.AnychipError, match="already failed"):
+        g.streams[0].synchronize()
+
+
+CHILD = textwrap.dedent("""
+    import os, sys, numpy as np
+    import anychip.runtime as rt
+    from anychip.runtime.collectives import Communicator
+    uid, rank, n, mode = bytes.fromhex(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    if mode == "die" and rank == n - 1:
+        os._exit(0)
+    dev = rt.open_device("npu:0")
+    comm = Communicator.init(dev, uid, rank, n)
+    stream = dev.stream()
+    count = 5003
+    buf = dev.upload(np.arange(count, dtype=np.float32) * (rank + 1))
+    out = dev.allocate(n * count * 4)
+    comm.all_reduce(buf.ptr, buf.ptr, count, "float32", "avg", stream)
+    comm.all_gather(buf.ptr, out.ptr, count, "float32", stream)
+    try:
+        stream.synchronize()
+    except rt.AnychipError as exc:
+        print("ERROR", exc)
+        sys.exit(3)
+    want = np.arange(count, dtype=np.float32) * np.float32(sum(range(1, n + 1))) / np.float32(n)
+    got = out.to_numpy(np.float32).reshape(n, count)
+    assert (got == want).all(), (got[:, :4], want[:4])
+    comm.destroy()
+    print("OK", rank)
+""")
+
+
+def _spawn(n, mode):
+    uid = unique_id(rt.open_device("npu:0"))
+    env = dict(os.environ, ANYCHIP_COLLECTIVE_TIMEOUT="2")
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, uid.hex(), str(r), str(n), mode],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+             for r in range(n)]
+    outs = []
+    for p in procs:
+        try:
+            outs.append((p.wait(timeout=30), p.stdout.read()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("a rank hung")
+    return uid, outs
+
+
+def test_ranks_as_processes():
+    uid, outs = _spawn(3, "ok")
+    assert [rc for rc, _ in outs] == [0, 0, 0], outs
+    assert not os.path.exists("/dev/shm/" + uid.rstrip(b"\0").decode().lstrip("/"))
+
+
+def test_a_rank_that_died_is_an_error_on_the_others():
+    start = time.monotonic()
+    uid, outs = _spawn(3, "die")
+    assert [rc for rc, _ in outs] == [3, 3, 0], outs
+    for _rc, text in outs[:2]:
+        assert "not arrived: 2" in text and "ANYCHIP_COLLECTIVE_TIMEOUT=2 s" in text, text
+    assert time.monotonic() - start < 20
+    assert not os.path.exists("/dev/shm/" + uid.rstrip(b"\0").decode().lstrip("/"))
+
+
+def test_bad_arguments_are_named():
+    g = Ranks("npu", 2)
+    buf = g.alloc(0, 16)
+    with pytest.raises(rt.InvalidArgumentError, match="op must be one of sum, prod, max, min, avg, got 'mean'"):
+        g.comms[0].all_reduce(buf.ptr, buf.ptr, 4, "float32", "mean", g.streams[0])
+    with pytest.raises(rt.InvalidArgumentError, match="root must be a rank in 0..1, got 2"):
+        g.comms[0].broadcast(buf.ptr, buf.ptr, 4, "float32", 2, g.streams[0])
+    with pytest.raises(rt.InvalidArgumentError, match="float64 .* not a dtype this device declares|dtype 3 is not"):
+        g.comms[0].all_reduce(buf.ptr, buf.ptr, 2, "float64", "sum", g.streams[0])
+    with pytest.raises(rt.InvalidArgumentError, match="npu:0: all_reduce send"):
+        g.comms[0].all_reduce(buf.ptr, buf.ptr + 8, 1 << 24, "float32", "sum", g.streams[0])
+    with pytest.raises(rt.InvalidArgumentError, match="rank must be an int in 0..1, got 2"):
+        Communicator.init(g.devices[0], unique_id(g.devices[0]), 2, 2)
+    g.close()
+
+
+SHIM = r"""
+#include <stddef.h>
+#include <string.h>
+#include <dlfcn.h>
+#include "anychip/device.h"
+/* A plugin as built against ABI 1.1: the simulator with the collective slots left NULL. */
+AnychipStatus anychip_device_init(AnychipDeviceInterface* iface, const char* options) {
+  void* lib = dlopen(SIM_PATH, RTLD_NOW | RTLD_LOCAL);
+  if (!lib) return ANYCHIP_ERROR_UNAVAILABLE;
+  AnychipDeviceInitFn init = (AnychipDeviceInitFn)dlsym(lib, "anychip_device_init");
+  AnychipStatus s = init(iface, options);
+  size_t start = offsetof(AnychipDeviceInterface, comm_get_unique_id_size);
+  memset((char*)iface + start, 0, sizeof(*iface) - start);
+  iface->abi_version = (1 << 16) | 1;
+  return s;
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_a_plugin_built_against_abi_1_1_has_no_collectives(tmp_path):
+    sim = rt.open_device("npu:0").runtime._lib._name
+    src = tmp_path / "old.c"
+    src.write_text(SHIM)
+    lib = tmp_path / "libold.so"
+    subprocess.run(["cc", "-shared", "-fPIC", f"-I{include_dir()}", f'-DSIM_PATH="{sim}"', str(src),
+                    "-o", str(lib), "-ldl"], check=True)
+    old = rt.Runtime("oldchip", str(lib), options="name=oldchip;devices=1")
+    dev = rt.Device(old, 0)
+    assert not has_collectives(old)
+    with pytest.raises(rt.AnychipError, match=r"^oldchip has no collectives \(its plugin implements "
+                                              r"device ABI 1\.1 and leaves the collective functions NULL\)$"):
+        unique_id(dev)
+    assert has_collectives(rt.open_device("npu:0").runtime)
+
+
+def test_the_interface_keeps_its_size_and_offsets():
+    assert ctypes.sizeof(abi.DeviceInterface) == (3 + 36 + 31) * ctypes.sizeof(ctypes.c_void_p)
+    assert abi.DeviceInterface.comm_get_unique_id_size.offset == (3 + 36) * ctypes.sizeof(ctypes.c_void_p)
+    assert (abi.ABI_MAJOR, abi.ABI_MINOR) == (1, 2)
+
+
+def test_ranks_as_python_threads_of_one_process():
+    import threading
+    n, count = 4, 1001
+    devices = [rt.open_device(f"npu:{r % 2}") for r in range(n)]
+    uid = unique_id(devices[0])
+    results, errors = [None] * n, []
+    # Two ranks share each device: a synchronous upload waits for every stream of its device
+    # (device.h), so all uploads happen before any rank enqueues its collective.
+    uploaded = threading.Barrier(n, timeout=20)
+
+    def rank(r):
+        try:
+            comm = Communicator.init(devices[r], uid, r, n)
+            stream = devices[r].stream()
+            buf = devices[r].upload(np.full(count, r, np.int64))
+            uploaded.wait()
+            comm.all_reduce(buf.ptr, buf.ptr, count, "int64", "sum", stream)
+            stream.synchronize()
+            results[r] = buf.to_numpy(np.int64)
+            comm.destroy()
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    assert not errors, errors
+    for r in range(n):
+        assert (results[r] == sum(range(n))).all()
