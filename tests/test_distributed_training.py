@@ -82,3 +82,5 @@ def test_bad_nproc_flags_are_refused_before_any_rank_starts(model_dir, data, tmp
     indexed = finetune(model_dir, data, tmp_path / "b", "--nproc", 2, "--device", "npu:1")
     assert indexed.returncode != 0 and "--device npu:1 names one device" in indexed.stderr
     assert "LAUNCH INFO" not in indexed.stdout + indexed.stderr
+    chip = finetune(model_dir, data, tmp_path / "c", "--nproc", 2, "--device", "npu")
+    assert chip.returncode != 0 and "does not yet route Paddle's collectives" in chip.stderr

@@ -54,6 +54,12 @@ def launch_ranks(args) -> int | None:
     if ":" in (args.device or ""):
         raise ValueError(f"--device {args.device} names one device; with --nproc {args.nproc} rank r takes device r "
                          "of the chip: pass the chip alone (e.g. --device npu)")
+    from anychip.selection import default_device
+
+    chip = (args.device or default_device()).partition(":")[0]
+    if chip != "cpu":  # Paddle would ask the bridge for xccl_* collectives it does not route yet
+        raise ValueError(f"--nproc {args.nproc} on {chip}: anychip's Paddle bridge does not yet route Paddle's "
+                         "collectives to the device's; several ranks run on --device cpu for now")
     return distributed.launch(args.argv, args.nproc)
 
 
