@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .adapter_files import read_config, read_weights
 from .checkpoint import Checkpoint, CheckpointError
 
 FORMAT = "anychip-lora/1"
@@ -62,12 +63,7 @@ class LoraConfig:
 
     @classmethod
     def from_file(cls, path: Path) -> LoraConfig:
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise CheckpointError(f"{path}: not a readable LoRA config ({exc})") from exc
-        if data.pop("format", None) != FORMAT:
-            raise CheckpointError(f"{path}: not an anychip LoRA config (format {FORMAT!r} expected)")
+        data = read_config(path, FORMAT, "LoRA")
         try:
             return cls(**data)
         except (TypeError, ValueError) as exc:
@@ -107,16 +103,7 @@ def merge(base: Checkpoint, config: LoraConfig, adapters: dict[str, np.ndarray])
 
 
 def read_adapter(folder: Path) -> tuple[LoraConfig, dict[str, np.ndarray]]:
-    from safetensors.numpy import load_file
-
-    config = LoraConfig.from_file(folder / CONFIG_FILE)
-    path = folder / WEIGHTS_FILE
-    if not path.is_file():
-        raise CheckpointError(f"{path}: missing (the adapter's weights)")
-    try:
-        return config, load_file(str(path))
-    except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
-        raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from exc
+    return LoraConfig.from_file(folder / CONFIG_FILE), read_weights(folder / WEIGHTS_FILE, "the adapter's weights")
 
 
 def is_adapter(folder: Path) -> bool:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .adapter_files import read_config, read_weights
 from .checkpoint import Checkpoint, CheckpointError, ModelConfig
 
 FORMAT = "anychip-prefix/1"
@@ -59,12 +60,7 @@ class PrefixConfig:
 
     @classmethod
     def from_file(cls, path: Path) -> PrefixConfig:
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise CheckpointError(f"{path}: not a readable prefix config ({exc})") from exc
-        if not isinstance(data, dict) or data.pop("format", None) != FORMAT:
-            raise CheckpointError(f"{path}: not an anychip prefix config (format {FORMAT!r} expected)")
+        data = read_config(path, FORMAT, "prefix")
         try:
             return cls(**data)
         except (TypeError, ValueError) as exc:
@@ -121,16 +117,7 @@ def check_tensors(model: ModelConfig, config: PrefixConfig, tensors: dict[str, n
 
 
 def read_adapter(folder: Path) -> tuple[PrefixConfig, dict[str, np.ndarray]]:
-    from safetensors.numpy import load_file
-
-    config = PrefixConfig.from_file(folder / CONFIG_FILE)
-    path = folder / WEIGHTS_FILE
-    if not path.is_file():
-        raise CheckpointError(f"{path}: missing (the prefix encoder's weights)")
-    try:
-        return config, load_file(str(path))
-    except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
-        raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from exc
+    return PrefixConfig.from_file(folder / CONFIG_FILE), read_weights(folder / WEIGHTS_FILE, "the prefix encoder's weights")
 
 
 def is_adapter(folder: Path) -> bool:
