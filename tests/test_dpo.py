@@ -12,7 +12,6 @@ import pytest
 from anychip.ops.masks import packed_share_question
 from anychip.paddle_frontend import import_paddle
 from anychip_models.checkpoint import load_checkpoint
-from anychip_models.training import checkpoints
 from anychip_models.training.data import ChatFormat, DataError
 from anychip_models.training.dpo import preference_accuracy, preference_loss, sequence_logps
 from anychip_models.training.model import TrainableModel
@@ -22,7 +21,8 @@ from anychip_models.training.trainer import TrainArgs
 from conftest import SIMULATED
 from training_helpers import PAIRS
 from training_helpers import anychip as run_anychip
-from training_helpers import losses, write_jsonl
+from training_helpers import strict_on_chip_then_resume_on_cpu
+from training_helpers import write_jsonl
 
 paddle = import_paddle()
 
@@ -172,13 +172,4 @@ def test_dpo_runs_strict_on_every_chip_and_resumes_on_cpu(model_dir, data_dir, t
     on cpu: the losses of the run that went straight through on cpu."""
     common = ["dpo", "--model", model_dir, "--data", data_dir, "--max-length", 96, "--zero-padding", "--lora",
               "--batch-size", 4, "--max-steps", 4, "--save-steps", 2, "--lr", "5e-3"]
-    straight = run_anychip(*common, "--output", tmp_path / "cpu")
-    assert straight.returncode == 0, straight.stderr
-    moved = tmp_path / device
-    first = run_anychip("--device", device, *common, "--output", moved, env={"ANYCHIP_STRICT": "1"})
-    assert first.returncode == 0, first.stderr
-    np.testing.assert_allclose(losses(moved), losses(tmp_path / "cpu"), rtol=1e-4)
-    checkpoints.remove_tree(moved / "checkpoint-4")
-    resumed = run_anychip(*common, "--output", moved, "--resume")
-    assert resumed.returncode == 0, resumed.stderr
-    np.testing.assert_allclose(losses(moved), losses(tmp_path / "cpu"), rtol=1e-4)
+    strict_on_chip_then_resume_on_cpu(common, tmp_path, device)

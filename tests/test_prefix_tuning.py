@@ -30,7 +30,8 @@ from anychip_models.training.trainer import Trainer, TrainArgs
 from conftest import AVAILABLE, SIMULATED
 from model_helpers import tiny_checkpoint
 from training_helpers import anychip as run_anychip
-from training_helpers import losses, sft_records, write_jsonl
+from training_helpers import strict_on_chip_then_resume_on_cpu
+from training_helpers import sft_records, write_jsonl
 
 paddle = import_paddle()
 
@@ -287,16 +288,7 @@ def test_prefix_tuning_runs_strict_on_every_chip_and_resumes_on_cpu(model_dir, t
     common = ["finetune", "--model", model_dir, "--data", data, "--prefix-tuning", "--num-prefix-tokens", 8,
               "--zero-padding", "--max-length", 64, "--batch-size", 2, "--max-steps", 4, "--save-steps", 2,
               "--lr", "5e-2"]
-    straight = run_anychip(*common, "--output", tmp_path / "cpu")
-    assert straight.returncode == 0, straight.stderr
-    moved = tmp_path / device
-    first = run_anychip("--device", device, *common, "--output", moved, env={"ANYCHIP_STRICT": "1"})
-    assert first.returncode == 0, first.stderr
-    np.testing.assert_allclose(losses(moved), losses(tmp_path / "cpu"), rtol=1e-4)
-    checkpoints.remove_tree(moved / "checkpoint-4")
-    resumed = run_anychip(*common, "--output", moved, "--resume")
-    assert resumed.returncode == 0, resumed.stderr
-    np.testing.assert_allclose(losses(moved), losses(tmp_path / "cpu"), rtol=1e-4)
+    strict_on_chip_then_resume_on_cpu(common, tmp_path, device)
 
 
 def test_finetune_refuses_bad_prefix_flags_before_any_work(model_dir, trained_prefix, tmp_path):

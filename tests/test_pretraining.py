@@ -22,6 +22,7 @@ from anychip_models.training.pretrain_data import TokenSequences, corpus_files, 
 from anychip_models.training.trainer import TrainArgs, Trainer
 from conftest import SIMULATED
 from training_helpers import anychip as run_anychip
+from training_helpers import strict_on_chip_then_resume_on_cpu
 from training_helpers import losses, write_jsonl
 
 paddle = import_paddle()
@@ -195,17 +196,8 @@ def test_pretraining_runs_strict_on_every_chip_and_resumes_on_cpu(model_dir, cor
     2, resumed on cpu: the losses of the run that went straight through on cpu."""
     common = ["pretrain", "--config", model_dir / "config.json", "--tokenizer", model_dir, "--data", corpus,
               "--max-length", 16, "--batch-size", 2, "--max-steps", 4, "--save-steps", 2, "--lr", "3e-3"]
-    straight = run_anychip(*common, "--output", tmp_path / "cpu")
-    assert straight.returncode == 0, straight.stderr
-    moved = tmp_path / device
-    first = run_anychip("--device", device, *common, "--output", moved, env={"ANYCHIP_STRICT": "1"})
-    assert first.returncode == 0, first.stderr
+    first = strict_on_chip_then_resume_on_cpu(common, tmp_path, device)
     assert f"{device}:0 (simulated)" in first.stderr
-    np.testing.assert_allclose(losses(moved), losses(tmp_path / "cpu"), rtol=1e-4)
-    checkpoints.remove_tree(moved / "checkpoint-4")
-    resumed = run_anychip(*common, "--output", moved, "--resume")
-    assert resumed.returncode == 0, resumed.stderr
-    np.testing.assert_allclose(losses(moved), losses(tmp_path / "cpu"), rtol=1e-4)
 
 
 def test_pretrain_refuses_bad_arguments_before_any_work(tmp_path, corpus):

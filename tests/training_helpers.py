@@ -61,3 +61,22 @@ def losses(output: Path) -> list[float]:
 
 def as_array(records: list[float]) -> np.ndarray:
     return np.asarray(records, dtype=np.float64)
+
+
+def strict_on_chip_then_resume_on_cpu(common: list, tmp_path: Path, device: str) -> subprocess.CompletedProcess:
+    """Runs the training command ``common`` (4 steps, saving at 2) straight through on cpu, then
+    on ``device`` under ANYCHIP_STRICT=1, asserting equal losses; deletes that run's last
+    checkpoint and resumes it on cpu, asserting the same losses again. Returns the chip's run."""
+    from anychip_models.training import checkpoints
+
+    straight = anychip(*common, "--output", tmp_path / "cpu")
+    assert straight.returncode == 0, straight.stderr
+    moved = tmp_path / device
+    first = anychip("--device", device, *common, "--output", moved, env={"ANYCHIP_STRICT": "1"})
+    assert first.returncode == 0, first.stderr
+    np.testing.assert_allclose(losses(moved), losses(tmp_path / "cpu"), rtol=1e-4)
+    checkpoints.remove_tree(moved / "checkpoint-4")
+    resumed = anychip(*common, "--output", moved, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    np.testing.assert_allclose(losses(moved), losses(tmp_path / "cpu"), rtol=1e-4)
+    return first

@@ -101,7 +101,7 @@ class TrainableModel:
             raise ValueError("train a LoRA adapter or a prefix, not both at once")
         if checkpoint.prefix is not None:
             raise ValueError("the model carries a trained prefix already: train from its base model")
-        self.config = c = checkpoint.config
+        self.config = checkpoint.config
         self.device, self.lora, self.prefix, self.recompute = device, lora, prefix, recompute
         self.compute_dtype = compute_dtype
         self.model = LlamaForCausalLM(checkpoint, device)
