@@ -90,8 +90,8 @@ def split_layers(past, model: ModelConfig):
 
 
 def prefix_kv(model: ModelConfig, config: PrefixConfig, tensors: dict[str, np.ndarray]) -> np.ndarray:
-    """The prefix keys and values the encoder ``tensors`` give, float32 [L, 2, P, Hk, D]."""
-    check_tensors(model, config, tensors)
+    """The prefix keys and values the encoder ``tensors`` (checked by ``check_tensors``) give,
+    float32 [L, 2, P, Hk, D]."""
     past = tensors[EMBEDDING].astype(np.float64)
     if config.projection:
         past = np.tanh(past @ tensors[MLP[0]].T.astype(np.float64) + tensors[MLP[1]])

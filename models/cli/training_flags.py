@@ -44,6 +44,13 @@ def lora_config(args, model_path: Path):
                       base_weights=getattr(args, "lora_base", "float"), seed=args.seed)
 
 
+def _chip(args) -> str:
+    """The chip --device names (its default when not given), without an index."""
+    from anychip.selection import default_device
+
+    return (args.device or default_device()).partition(":")[0]
+
+
 def launch_ranks(args) -> int | None:
     """With ``--nproc N`` (N > 1) in a process that is not one of the ranks yet: runs this command
     as N ranks under paddle.distributed.launch and returns their exit status; else None."""
@@ -54,9 +61,7 @@ def launch_ranks(args) -> int | None:
     if ":" in (args.device or ""):
         raise ValueError(f"--device {args.device} names one device; with --nproc {args.nproc} rank r takes device r "
                          "of the chip: pass the chip alone (e.g. --device npu)")
-    from anychip.selection import default_device
-
-    chip = (args.device or default_device()).partition(":")[0]
+    chip = _chip(args)
     if chip != "cpu":  # Paddle would ask the bridge for xccl_* collectives it does not route yet
         raise ValueError(f"--nproc {args.nproc} on {chip}: anychip's Paddle bridge does not yet route Paddle's "
                          "collectives to the device's; several ranks run on --device cpu for now")
@@ -70,11 +75,10 @@ def training_device(args) -> tuple[str, int]:
 
     import anychip
     from anychip.devices import describe
-    from anychip.selection import default_device
 
     wanted = args.device
     if distributed.launched():
-        chip = (args.device or default_device()).partition(":")[0]
+        chip = _chip(args)
         wanted = chip if chip == "cpu" else f"{chip}:{distributed.rank()}"
     name, _, index = anychip.set_device(wanted).partition(":")
     if describe(name).status == "simulated" and distributed.rank() == 0:

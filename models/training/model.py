@@ -1,7 +1,8 @@
 """A Llama-family model set up for training on any device: every weight trainable (full SFT), a
 frozen base (float32 or weight-only int8/int4, as QLoRA) with LoRA adapters, or a frozen base
-with a trained prefix (Prefix Tuning), and the loss of one batch. Parameters have device-independent names, which checkpoints use; their values move
-through numpy, so a state saved on one device loads on any other."""
+with a trained prefix (Prefix Tuning), and the loss of one batch. Parameters have
+device-independent names, which checkpoints use; their values move through numpy, so a state
+saved on one device loads on any other."""
 
 from __future__ import annotations
 
