@@ -35,13 +35,26 @@ PREFIX = "libanychip_"  # every file anychip owns in a CustomDevice folder start
 KERNELS = "kernels"  # the subfolder of the devices' Paddle kernels, anychip's alone
 
 
-def device_configs() -> dict[str, dict]:
-    """Config of every device that has a Paddle type and whose runtime comes up here."""
+ONLY_ENV = "ANYCHIP_PADDLE_DEVICES"
+
+
+def only_devices() -> frozenset[str] | None:
+    """The devices $ANYCHIP_PADDLE_DEVICES (comma-separated anychip names) limits Paddle to;
+    None when unset. A job of several ranks on one chip sets it, because paddle.distributed
+    takes the first CustomDevice type Paddle registered for the job's device."""
+    value = os.environ.get(ONLY_ENV)
+    return None if value is None else frozenset(n.strip() for n in value.split(",") if n.strip())
+
+
+def device_configs(only: frozenset[str] | None = None) -> dict[str, dict]:
+    """Config of every device that has a Paddle type and whose runtime comes up here (only
+    those ``only`` names, by default $ANYCHIP_PADDLE_DEVICES's, when set)."""
     from .devices import describe
 
+    only = only_devices() if only is None else only
     configs = {}
     for name, spec in sorted(registry().devices.items()):
-        if spec.paddle_type is None:
+        if spec.paddle_type is None or (only is not None and name not in only):
             continue
         info = describe(name)
         if info.status == "unavailable" or info.count == 0:
@@ -57,15 +70,15 @@ def device_configs() -> dict[str, dict]:
     return configs
 
 
-def root_files() -> dict[str, Path | str]:
+def root_files(only: frozenset[str] | None = None) -> dict[str, Path | str]:
     """{file path in the folder: the library it copies (Path) or its text (str)}, for the
-    devices and kernels registered now."""
+    devices and kernels registered now (``only``: as device_configs)."""
     bridge = library_path("anychip_paddle_bridge")
     if not bridge.exists():
         raise FileNotFoundError(
             f"{bridge} is missing: anychip was built without Paddle's headers. Install "
             "paddlepaddle first, then reinstall anychip (see README)")
-    configs = device_configs()
+    configs = device_configs(only)
     files: dict[str, Path | str] = {}
     for name, conf in configs.items():
         files[f"{PREFIX}{name}.so"] = bridge
@@ -134,11 +147,11 @@ def install(folder: Path | None = None) -> Path:
     return folder
 
 
-def prepare() -> Path:
+def prepare(only: frozenset[str] | None = None) -> Path:
     """The folder Paddle should load anychip's devices from now: Paddle's own when it holds
     exactly the files of the devices and kernels registered now, else a folder of the cache
-    (keyed by the files' content, written once, atomically)."""
-    files = root_files()
+    (keyed by the files' content, written once, atomically). ``only``: as device_configs."""
+    files = root_files(only)
     try:
         if holds(default_root(), files):
             return default_root()
@@ -167,12 +180,33 @@ def prepare() -> Path:
     return root
 
 
+def job_env(device: str) -> dict[str, str]:
+    """The environment under which ``python -m paddle.distributed.launch`` and its ranks see
+    anychip device ``device`` alone: Paddle's launcher and ``init_parallel_env`` take the first
+    CustomDevice type Paddle registered as the job's (its ``FLAGS_selected_<type>s``, its
+    ``xccl`` backend), so with several registered a job could land on another chip."""
+    if registry().spec(device).paddle_type is None:
+        raise ValueError(f"device {device!r} has no Paddle type: its ranks talk through gloo on the host")
+    only = frozenset([device])
+    return {ONLY_ENV: device, "CUSTOM_DEVICE_ROOT": str(prepare(only))}
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m anychip.paddle_root [FOLDER]``: (re)writes the anychip files of Paddle's
-    CustomDevice folder (or FOLDER), e.g. after installing a third-party plugin."""
+    CustomDevice folder (or FOLDER), e.g. after installing a third-party plugin.
+    ``python -m anychip.paddle_root --job DEVICE``: prints the ``export`` lines that make a
+    ``python -m paddle.distributed.launch`` job run on DEVICE (``eval "$(...)"`` them)."""
+    import shlex
     import sys
 
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--job"]:
+        if len(argv) != 2:
+            print("usage: python -m anychip.paddle_root --job DEVICE", file=sys.stderr)
+            return 2
+        for key, value in job_env(argv[1]).items():
+            print(f"export {key}={shlex.quote(value)}")
+        return 0
     folder = install(Path(argv[0]) if argv else None)
     devices = ", ".join(f"{name} ({conf['paddle_type']}, {conf['sub_type']})" for name, conf in device_configs().items())
     print(f"anychip: Paddle CustomDevices in {folder}: {devices or 'none'}", file=sys.stderr)

@@ -305,6 +305,26 @@ def _spawn(n, mode):
     return uid, outs
 
 
+def test_a_failed_collective_reaches_the_streams_and_events_ordered_after_it(monkeypatch):
+    """As CUDA's sticky errors: an event recorded after failed work fails its synchronize, and a
+    stream that waits on it takes the error as its own (Paddle orders its compute stream after
+    the collective stream only so), instead of computing on with wrong data."""
+    monkeypatch.setenv("ANYCHIP_COLLECTIVE_TIMEOUT", "1")
+    g = Ranks("npu", 2)
+    buf = g.alloc(0, 16)
+    g.comms[0].all_reduce(buf.ptr, buf.ptr, 4, "float32", "sum", g.streams[0])  # rank 1 never calls
+    after = g.devices[0].event().record(g.streams[0])
+    compute = g.devices[0].stream()
+    compute.wait_event(after)
+    with pytest.raises(rt.AnychipError, match="event recorded after failed work: .*not arrived: 1"):
+        after.synchronize()
+    with pytest.raises(rt.AnychipError, match="all_reduce on rank 0 of 2 timed out"):
+        compute.synchronize()
+    compute.synchronize()  # reported once, as every stream error
+    with pytest.raises(rt.AnychipError, match="timed out"):
+        g.streams[0].synchronize()
+
+
 def test_ranks_as_processes():
     uid, outs = _spawn(3, "ok")
     assert [rc for rc, _ in outs] == [0, 0, 0], outs

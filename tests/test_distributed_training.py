@@ -1,11 +1,14 @@
 """Data parallelism (`--nproc N`): ranks started through paddle.distributed.launch give, step for
 step, the losses of one process taking the same global batch; a checkpoint saved by 2 ranks
 resumes on 1 and the other way round; a rank that dies at a save ends the job with an error and
-leaves the previous checkpoint intact; bad flags are refused before any rank starts."""
+leaves the previous checkpoint intact; bad flags are refused before any rank starts. On a simulated
+chip the ranks sum their gradients through Paddle's xccl collectives, routed by the bridge to the
+chip's own, in strict mode; a rank that never arrives or dies ends the job naming it."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -82,5 +85,58 @@ def test_bad_nproc_flags_are_refused_before_any_rank_starts(model_dir, data, tmp
     indexed = finetune(model_dir, data, tmp_path / "b", "--nproc", 2, "--device", "npu:1")
     assert indexed.returncode != 0 and "--device npu:1 names one device" in indexed.stderr
     assert "LAUNCH INFO" not in indexed.stdout + indexed.stderr
-    chip = finetune(model_dir, data, tmp_path / "c", "--nproc", 2, "--device", "npu")
-    assert chip.returncode != 0 and "does not yet route Paddle's collectives" in chip.stderr
+    many = finetune(model_dir, data, tmp_path / "c", "--nproc", 3, "--device", "npu")
+    assert many.returncode != 0 and "--nproc 3 on npu: rank r takes npu:r, and npu has 2 device(s)" in many.stderr
+    assert "LAUNCH INFO" not in many.stdout + many.stderr
+
+
+@pytest.mark.parametrize("method", [[], ["--lora"]], ids=["full", "lora"])
+def test_two_npu_ranks_in_strict_mode_give_the_losses_of_one_npu(model_dir, data, tmp_path, method):
+    """The gradient all-reduce runs on the chip through Paddle's xccl collectives: no fallback."""
+    strict = {"ANYCHIP_STRICT": "1"}
+    one = finetune(model_dir, data, tmp_path / "one", "--device", "npu", "--grad-accum", 2, *method, env=strict)
+    assert one.returncode == 0, one.stderr
+    two = finetune(model_dir, data, tmp_path / "two", "--device", "npu", "--nproc", 2, *method, env=strict)
+    assert two.returncode == 0, two.stderr + two.stdout
+    assert "finetune on npu:0 (simulated)" in two.stdout + two.stderr
+    np.testing.assert_allclose(losses(tmp_path / "two"), losses(tmp_path / "one"), rtol=1e-5)
+    np.testing.assert_allclose(eval_losses(tmp_path / "two"), eval_losses(tmp_path / "one"), rtol=1e-5)
+
+
+@pytest.mark.parametrize("chip", ["xpu", "gcu", "dcu"])
+def test_every_simulated_chip_trains_on_two_ranks_without_fallback(model_dir, data, tmp_path, chip):
+    straight = finetune(model_dir, data, tmp_path / "cpu", "--grad-accum", 2, "--lora")
+    assert straight.returncode == 0, straight.stderr
+    two = finetune(model_dir, data, tmp_path / chip, "--device", chip, "--nproc", 2, "--lora",
+                   env={"ANYCHIP_STRICT": "1"})
+    assert two.returncode == 0, two.stderr + two.stdout
+    np.testing.assert_allclose(losses(tmp_path / chip), losses(tmp_path / "cpu"), rtol=1e-5)
+
+
+def test_a_rank_that_never_arrives_fails_the_others_within_the_timeout(model_dir, data, tmp_path):
+    """Rank 1 hangs before step 3's gradient all-reduce: rank 0's collective gives up after
+    ANYCHIP_COLLECTIVE_TIMEOUT naming rank 1, the job ends non-zero, checkpoint 2 is intact and
+    resumes on one process to the losses of an uninterrupted run."""
+    out = tmp_path / "run"
+    hung = finetune(model_dir, data, out, "--device", "npu", "--nproc", 2, "--lora",
+                    env={"ANYCHIP_FAULT_RANK": "1@3:hang", "ANYCHIP_COLLECTIVE_TIMEOUT": "5"})
+    assert hung.returncode != 0
+    logs = hung.stderr.split("every rank's log is in ")[-1].strip()
+    rank0 = (Path(logs) / "workerlog.0").read_text(errors="replace")
+    assert "all_reduce on rank 0 of 2 timed out waiting for the other ranks" in rank0
+    assert "not arrived: 1 (ANYCHIP_COLLECTIVE_TIMEOUT=5 s)" in rank0
+    assert sorted(checkpoints.complete_checkpoints(out)) == [2]
+    resumed = finetune(model_dir, data, out, "--lora", "--resume", "--grad-accum", 2)
+    assert resumed.returncode == 0, resumed.stderr
+    straight = finetune(model_dir, data, tmp_path / "straight", "--grad-accum", 2, "--lora")
+    np.testing.assert_allclose(losses(out), losses(tmp_path / "straight"), rtol=1e-5)
+
+
+def test_a_rank_killed_mid_step_ends_the_job_naming_it(model_dir, data, tmp_path):
+    out = tmp_path / "run"
+    killed = finetune(model_dir, data, out, "--device", "npu", "--nproc", 2, "--lora",
+                      env={"ANYCHIP_FAULT_RANK": "1@3", "ANYCHIP_COLLECTIVE_TIMEOUT": "5"})
+    assert killed.returncode != 0
+    assert "Container rank 1 status failed" in killed.stdout + killed.stderr  # Paddle's launcher names it
+    assert "a rank failed" in killed.stderr
+    assert sorted(checkpoints.complete_checkpoints(out)) == [2]

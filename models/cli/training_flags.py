@@ -62,10 +62,24 @@ def launch_ranks(args) -> int | None:
         raise ValueError(f"--device {args.device} names one device; with --nproc {args.nproc} rank r takes device r "
                          "of the chip: pass the chip alone (e.g. --device npu)")
     chip = _chip(args)
-    if chip != "cpu":  # Paddle would ask the bridge for xccl_* collectives it does not route yet
-        raise ValueError(f"--nproc {args.nproc} on {chip}: anychip's Paddle bridge does not yet route Paddle's "
-                         "collectives to the device's; several ranks run on --device cpu for now")
-    return distributed.launch(args.argv, args.nproc)
+    if chip != "cpu":
+        _require_ranks(chip, args.nproc)
+    return distributed.launch(args.argv, args.nproc, chip)
+
+
+def _require_ranks(chip: str, nproc: int) -> None:
+    """Refuses --nproc on a chip without ``nproc`` devices or without collectives, before any
+    rank starts."""
+    from anychip.devices import describe
+    from anychip.runtime import open_runtime
+    from anychip.runtime.collectives import require_collectives
+
+    info = describe(chip)
+    if info.count < nproc:
+        more = " (a simulated chip has ANYCHIP_SIM_DEVICES of them)" if info.status == "simulated" else ""
+        raise ValueError(f"--nproc {nproc} on {chip}: rank r takes {chip}:r, and {chip} has {info.count} "
+                         f"device(s){more}")
+    require_collectives(open_runtime(chip))
 
 
 def training_device(args) -> tuple[str, int]:

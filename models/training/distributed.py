@@ -20,6 +20,10 @@ from dataclasses import dataclass
 
 WORLD_ENV = "PADDLE_TRAINERS_NUM"  # set by paddle.distributed.launch in every rank
 RANK_ENV = "PADDLE_TRAINER_ID"
+# Fault injection (for tests): "R@STEP" makes rank R SIGKILL itself as it starts summing the
+# gradients of optimizer step STEP; "R@STEP:hang" makes it wait forever there instead, so that
+# the others wait for it in their collectives until ANYCHIP_COLLECTIVE_TIMEOUT.
+FAULT_ENV = "ANYCHIP_FAULT_RANK"
 
 
 def launched() -> bool:
@@ -29,6 +33,28 @@ def launched() -> bool:
 
 def rank() -> int:
     return int(os.environ.get(RANK_ENV, "0")) if launched() else 0
+
+
+def fault_point(rank_: int, step: int) -> None:
+    """Dies here if $ANYCHIP_FAULT_RANK names this rank and step."""
+    value = os.environ.get(FAULT_ENV)
+    if not value:
+        return
+    who, _, at = value.partition("@")
+    at, _, how = at.partition(":")
+    if not (who.isdigit() and at.isdigit() and how in ("", "hang")):
+        raise ValueError(f"{FAULT_ENV}={value!r} is not RANK@STEP or RANK@STEP:hang")
+    if int(who) != rank_ or int(at) != step:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if how == "hang":
+        import threading
+
+        threading.Event().wait()
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def without_nproc(argv: list[str]) -> list[str]:
@@ -44,12 +70,16 @@ def without_nproc(argv: list[str]) -> list[str]:
     return out
 
 
-def launch(argv: list[str], nproc: int) -> int:
-    """Runs ``anychip ARGV`` (less --nproc) as ``nproc`` ranks under paddle.distributed.launch and
-    returns its exit status. The ranks' logs go to a temporary folder, named on failure; rank
-    0's output is shown as it runs (Paddle's launcher does that)."""
+def launch(argv: list[str], nproc: int, chip: str) -> int:
+    """Runs ``anychip ARGV`` (less --nproc) as ``nproc`` ranks on ``chip`` under
+    paddle.distributed.launch and returns its exit status. The ranks' logs go to a temporary
+    folder, named on failure; rank 0's output is shown as it runs (Paddle's launcher does that)."""
     logs = tempfile.mkdtemp(prefix="anychip-ranks-")
     env = dict(os.environ)
+    if chip != "cpu":
+        from anychip.paddle_root import job_env
+
+        env.update(job_env(chip))
     if "ANYCHIP_NUM_THREADS" not in env:  # N ranks on one host share its CPUs
         env["ANYCHIP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
     command = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc), "--log_dir", logs,

@@ -25,7 +25,7 @@ from anychip.paddle_frontend import import_paddle
 from ..checkpoint import Checkpoint
 from ..export import hf_metadata_files, hf_tensors
 from ..hf_folder import hf_name
-from . import checkpoints
+from . import checkpoints, distributed
 from .data import Example
 from .distributed import World
 from .model import TrainableModel
@@ -177,6 +177,7 @@ class Trainer:
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + float(value)
         if world.size > 1:
+            distributed.fault_point(world.rank, self.step)
             self._sum_gradients()
             keys = sorted(sums)
             total, *summed = world.totals([total] + [sums[k] for k in keys])

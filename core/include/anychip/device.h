@@ -31,7 +31,10 @@
  *   - memset and the copies without `_async` first wait for all work previously enqueued on any
  *     stream of that device, then perform their operation and return when it is complete.
  *   - Asynchronous functions only enqueue; errors found while running enqueued work are reported
- *     by the next synchronize/query of that stream (and of the device), as with CUDA.
+ *     by the next synchronize/query of that stream (and of the device), as with CUDA. They also
+ *     travel with events: an event recorded after the failed work fails its synchronize/query,
+ *     and a stream that waits on it fails as if the work had been its own (frameworks order
+ *     their compute stream after a collective stream only so; an error must not stop there).
  *
  * Versioning
  *   The struct grows only at its end (the `reserved` slots are consumed first). A caller built

@@ -17,31 +17,45 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <string>
 
-#include "anychip/device.h"
-#include "paddle/phi/backends/device_ext.h"
+#include "bridge.h"
 
-namespace {
+namespace anychip::bridge {
 
 AnychipDeviceInterface g_iface;
-std::string g_name = "anychip", g_paddle_type, g_sub_type;
+std::string g_name = "anychip";
 
-// Paddle reports most failures without the plugin's reason; print it so users see why.
+// Paddle reports most failures without the plugin's reason; print it so users see why. Once:
+// Paddle polls events, and a failure that every later query repeats (a collective whose peer
+// never came) would otherwise fill the terminal.
 C_Status report(AnychipStatus status, const char* what) {
   if (status == ANYCHIP_OK) return C_SUCCESS;
   if (status == ANYCHIP_ERROR_NOT_READY) return C_FAILED;
   char message[512] = "";
   if (g_iface.last_error != nullptr) g_iface.last_error(g_iface.runtime, message, sizeof(message));
-  std::fprintf(stderr, "anychip[%s] %s failed: %s\n", g_name.c_str(), what, message);
+  std::string line = "anychip[" + g_name + "] " + what + " failed: " + message + "\n";
+  static std::mutex mu;
+  static std::string last;
+  std::lock_guard<std::mutex> lock(mu);
+  if (line != last) std::fputs(line.c_str(), stderr);
+  last = line;
   return status == ANYCHIP_ERROR_OUT_OF_MEMORY ? C_FAILED : C_ERROR;
 }
 
-#define CALL(fn, ...) report(g_iface.fn(g_iface.runtime, __VA_ARGS__), #fn)
-#define CALL0(fn) report(g_iface.fn(g_iface.runtime), #fn)
+C_Status refuse(const char* what, const std::string& why) {
+  std::fprintf(stderr, "anychip[%s] %s refused: %s\n", g_name.c_str(), what, why.c_str());
+  return C_ERROR;
+}
 
-AnychipStream S(C_Stream s) { return reinterpret_cast<AnychipStream>(s); }
-AnychipEvent E(C_Event e) { return reinterpret_cast<AnychipEvent>(e); }
+}  // namespace anychip::bridge
+
+namespace {
+
+using namespace anychip::bridge;
+
+std::string g_paddle_type, g_sub_type;
 
 C_Status initialize() { return CALL0(initialize); }
 C_Status finalize() { return CALL0(finalize); }
@@ -341,4 +355,5 @@ extern "C" __attribute__((visibility("default"))) void InitPlugin(CustomRuntimeP
   p->get_driver_version = driver_version;
   p->is_float16_supported = fp16_supported;
   p->is_bfloat16_supported = bf16_supported;
+  anychip::bridge::fill_collectives(p);
 }

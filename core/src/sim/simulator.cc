@@ -425,8 +425,9 @@ AnychipStatus sim_event_record(Rt rt, int device, AnychipStream stream, AnychipE
   CHECK(check_event(rt, device, dev, event));
   std::shared_ptr<anychip::sim::Event> ev = event->event;
   uint64_t generation = ev->begin_record();
-  stream->stream->enqueue([ev, generation](AnychipStatus) {
-    ev->complete(generation);
+  anychip::sim::Stream* s = stream->stream.get();  // lives until its queue is drained
+  stream->stream->enqueue([ev, generation, s](AnychipStatus status) {
+    ev->complete(generation, status, status == ANYCHIP_OK ? std::string() : s->error_message());
     return ANYCHIP_OK;
   });
   return ANYCHIP_OK;
@@ -436,14 +437,20 @@ AnychipStatus sim_event_query(Rt rt, int device, AnychipEvent event) {
   GET_DEV(rt, device, dev);
   CHECK(check_event(rt, device, dev, event));
   auto& ev = event->event;
-  return ev->done(ev->last_recorded()) ? ANYCHIP_OK : ANYCHIP_ERROR_NOT_READY;
+  if (!ev->done(ev->last_recorded())) return ANYCHIP_ERROR_NOT_READY;
+  std::string message;
+  AnychipStatus status = ev->status(&message);
+  if (status != ANYCHIP_OK) return fail(status, "event recorded after failed work: %s", message.c_str());
+  return ANYCHIP_OK;
 }
 
 AnychipStatus sim_event_synchronize(Rt rt, int device, AnychipEvent event) {
   GET_DEV(rt, device, dev);
   CHECK(check_event(rt, device, dev, event));
   auto& ev = event->event;
-  ev->wait(ev->last_recorded());
+  std::string message;
+  AnychipStatus status = ev->wait(ev->last_recorded(), &message);
+  if (status != ANYCHIP_OK) return fail(status, "event recorded after failed work: %s", message.c_str());
   return ANYCHIP_OK;
 }
 
@@ -465,7 +472,9 @@ AnychipStatus sim_stream_wait_event(Rt rt, int device, AnychipStream stream, Any
   std::shared_ptr<anychip::sim::Event> ev = event->event;
   uint64_t generation = ev->last_recorded();  // the record as of this call (device.h)
   stream->stream->enqueue([ev, generation](AnychipStatus) {
-    ev->wait(generation);
+    std::string message;
+    AnychipStatus status = ev->wait(generation, &message);
+    if (status != ANYCHIP_OK) return fail(status, "%s", message.c_str());  // the waited-for failure, as this stream's
     return ANYCHIP_OK;
   });
   return ANYCHIP_OK;

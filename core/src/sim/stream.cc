@@ -11,9 +11,13 @@ uint64_t Event::begin_record() {
   return ++recorded_;
 }
 
-void Event::complete(uint64_t generation) {
+void Event::complete(uint64_t generation, AnychipStatus status, const std::string& message) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (generation >= completed_) {
+      status_ = status;
+      message_ = message;
+    }
     completed_ = std::max(completed_, generation);
     completed_at_ = std::chrono::steady_clock::now();
   }
@@ -25,9 +29,17 @@ bool Event::done(uint64_t generation) {
   return completed_ >= generation;
 }
 
-void Event::wait(uint64_t generation) {
+AnychipStatus Event::wait(uint64_t generation, std::string* message) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return completed_ >= generation; });
+  if (message != nullptr) *message = message_;
+  return status_;
+}
+
+AnychipStatus Event::status(std::string* message) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (message != nullptr) *message = message_;
+  return status_;
 }
 
 uint64_t Event::last_recorded() {
@@ -95,6 +107,11 @@ AnychipStatus Stream::query() {
 void Stream::wait_idle() {
   std::unique_lock<std::mutex> lock(mu_);
   idle_cv_.wait(lock, [&] { return !busy_ && queue_.empty(); });
+}
+
+std::string Stream::error_message() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_message_;
 }
 
 AnychipStatus Stream::synchronize(std::string* message) {

@@ -3,7 +3,10 @@
 // A Stream owns one worker thread that runs its work items in enqueue order, so code that
 // forgets to synchronise sees the same races it would see on a chip. An Event counts records
 // and completions; waiting on "the record as of now" is what gives stream_wait_event and
-// event_synchronize their CUDA semantics.
+// event_synchronize their CUDA semantics. A record completes with the error its stream had
+// then (failed work before it), and a stream that waits on it takes that error as its own, so a
+// failure on one stream (a collective whose peer never came) reaches whoever synchronizes a
+// stream ordered after it, as CUDA's sticky errors do, instead of vanishing.
 #pragma once
 
 #include <chrono>
@@ -23,9 +26,14 @@ class Event {
  public:
   // Returns the generation a waiter must see completed.
   uint64_t begin_record();
-  void complete(uint64_t generation);
+  // `status` (and its message): the recording stream's error when the record ran.
+  void complete(uint64_t generation, AnychipStatus status, const std::string& message);
   bool done(uint64_t generation);
-  void wait(uint64_t generation);
+  // Waits for `generation`; returns the error of the latest completed record, its message in
+  // `message`.
+  AnychipStatus wait(uint64_t generation, std::string* message);
+  // The error of the latest completed record (ANYCHIP_OK: none), its message in `message`.
+  AnychipStatus status(std::string* message);
   uint64_t last_recorded();
   // Completion time of the last completed record.
   std::chrono::steady_clock::time_point completed_at();
@@ -34,6 +42,8 @@ class Event {
   std::mutex mu_;
   std::condition_variable cv_;
   uint64_t recorded_ = 0, completed_ = 0;
+  AnychipStatus status_ = ANYCHIP_OK;
+  std::string message_;
   std::chrono::steady_clock::time_point completed_at_{};
 };
 
@@ -57,6 +67,8 @@ class Stream {
   void wait_idle();
   // Waits for all enqueued work; returns (and clears) the first error it reported.
   AnychipStatus synchronize(std::string* message);
+  // The message of the stream's error; only for its own work (which sees the error's status).
+  std::string error_message();
 
  private:
   void run();
