@@ -140,3 +140,46 @@ def test_a_rank_killed_mid_step_ends_the_job_naming_it(model_dir, data, tmp_path
     assert "Container rank 1 status failed" in killed.stdout + killed.stderr  # Paddle's launcher names it
     assert "a rank failed" in killed.stderr
     assert sorted(checkpoints.complete_checkpoints(out)) == [2]
+
+
+@pytest.mark.parametrize("stage", ["stage1", "stage2"])
+def test_sharding_gives_the_losses_of_plain_data_parallelism_and_whole_checkpoints(model_dir, data, tmp_path, stage):
+    """The optimizer partitioned across 2 ranks (its state; stage 2 the gradients too): the same
+    losses as plain data parallelism within 1e-6, a checkpoint holding every moment, which
+    resumes on one process to the same losses."""
+    plain = finetune(model_dir, data, tmp_path / "plain", "--nproc", 2)
+    assert plain.returncode == 0, plain.stderr
+    out = tmp_path / stage
+    sharded = finetune(model_dir, data, out, "--nproc", 2, "--sharding", stage)
+    assert sharded.returncode == 0, sharded.stderr + sharded.stdout
+    np.testing.assert_allclose(losses(out), losses(tmp_path / "plain"), rtol=1e-6)
+    np.testing.assert_allclose(eval_losses(out), eval_losses(tmp_path / "plain"), rtol=1e-6)
+    whole = checkpoints.load_checkpoint_state(checkpoints.latest_checkpoint(tmp_path / "plain"))[1]
+    gathered = checkpoints.load_checkpoint_state(checkpoints.latest_checkpoint(out))[1]
+    assert sorted(gathered) == sorted(whole)
+    for key in whole:
+        np.testing.assert_allclose(gathered[key], whole[key], rtol=1e-4, atol=1e-7, err_msg=key)
+    checkpoints.remove_tree(out / "checkpoint-4")
+    resumed = finetune(model_dir, data, out, "--resume", "--grad-accum", 2)
+    assert resumed.returncode == 0, resumed.stderr
+    np.testing.assert_allclose(losses(out), losses(tmp_path / "plain"), rtol=1e-5)
+
+
+def test_sharding_stage2_on_npu_ranks_in_strict_mode_resumes_from_one_process(model_dir, data, tmp_path):
+    """Reduce and broadcast go through the chip's collectives; a one-process checkpoint is
+    partitioned on resume."""
+    straight = finetune(model_dir, data, tmp_path / "straight", "--grad-accum", 2, "--lora")
+    assert straight.returncode == 0, straight.stderr
+    out = tmp_path / "run"
+    assert finetune(model_dir, data, out, "--grad-accum", 2, "--lora").returncode == 0
+    checkpoints.remove_tree(out / "checkpoint-4")
+    resumed = finetune(model_dir, data, out, "--lora", "--resume", "--device", "npu", "--nproc", 2,
+                       "--sharding", "stage2", env={"ANYCHIP_STRICT": "1"})
+    assert resumed.returncode == 0, resumed.stderr + resumed.stdout
+    np.testing.assert_allclose(losses(out), losses(tmp_path / "straight"), rtol=1e-5)
+
+
+def test_sharding_without_ranks_is_refused(model_dir, data, tmp_path):
+    alone = finetune(model_dir, data, tmp_path / "a", "--sharding", "stage1")
+    assert alone.returncode != 0
+    assert "--sharding stage1 partitions the optimizer across ranks: pass --nproc N (N >= 2)" in alone.stderr

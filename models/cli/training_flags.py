@@ -56,6 +56,8 @@ def launch_ranks(args) -> int | None:
     as N ranks under paddle.distributed.launch and returns their exit status; else None."""
     if args.nproc < 1:
         raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
+    if getattr(args, "sharding", None) and args.nproc == 1 and not distributed.launched():
+        raise ValueError(f"--sharding {args.sharding} partitions the optimizer across ranks: pass --nproc N (N >= 2)")
     if args.nproc == 1 or distributed.launched():
         return None
     if ":" in (args.device or ""):
@@ -142,6 +144,10 @@ def add_training_flags(p, max_length: int, lr_help: str, max_length_help: str):
                    help="data parallelism: N ranks under paddle.distributed.launch, rank r on device r of --device's "
                         "chip (on cpu all share the host); each optimizer step takes --grad-accum micro-batches per "
                         "rank, so the global batch is N x --grad-accum x --batch-size")
+    g.add_argument("--sharding", choices=("stage1", "stage2"),
+                   help="with --nproc: partition the optimizer across the ranks (stage1: its state, each rank "
+                        "updating its share of the parameters; stage2: the gradients too), as PaddleNLP's "
+                        "sharding; the updates and checkpoints are those of plain data parallelism")
     return g
 
 
@@ -183,4 +189,4 @@ def train_args(args, lr: float, **extra):
         max_steps=args.max_steps, lr=args.lr if args.lr is not None else lr, warmup_steps=args.warmup_steps,
         schedule=args.schedule, weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm or None,
         eval_steps=args.eval_steps, save_steps=args.save_steps, save_total_limit=args.save_total_limit,
-        seed=args.seed, **extra)
+        seed=args.seed, sharding=getattr(args, "sharding", None), **extra)

@@ -31,6 +31,7 @@ from .distributed import World
 from .model import TrainableModel
 from .optimizer import AdamW, learning_rate
 from .packing import Batch, ExampleData
+from .sharding import STAGES, ShardedAdamW
 
 paddle = import_paddle()
 
@@ -56,6 +57,7 @@ class TrainArgs:
     save_total_limit: int | None = 3
     seed: int = 42
     buffer_size: int = 500                # zero padding's packing window
+    sharding: str | None = None           # stage1 | stage2: the optimizer partitioned across ranks
 
     def __post_init__(self):
         for name in ("max_length", "batch_size", "grad_accum"):
@@ -67,6 +69,8 @@ class TrainArgs:
             raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.sharding is not None and self.sharding not in STAGES:
+            raise ValueError(f"sharding must be one of {', '.join(STAGES)}, got {self.sharding!r}")
 
 
 class Trainer:
@@ -92,7 +96,10 @@ class Trainer:
         self.output = Path(output)
         self.world = world or World(device=model.device)
         self.progress, self.kind = progress and self.world.main, kind
-        self.optimizer = AdamW(model.params, weight_decay=args.weight_decay)
+        if args.sharding and self.world.size > 1:
+            self.optimizer = ShardedAdamW(model.params, self.world, args.sharding, weight_decay=args.weight_decay)
+        else:
+            self.optimizer = AdamW(model.params, weight_decay=args.weight_decay)
         self.micro_per_step = args.grad_accum * self.world.size
         self.steps_per_epoch = math.ceil(len(self._epoch_batches(0)) / self.micro_per_step)
         self.total_steps = args.max_steps or max(1, math.ceil(args.epochs * self.steps_per_epoch))
@@ -151,7 +158,7 @@ class Trainer:
                 bar.write(f"step {self.step}: " + ", ".join(f"{k.removeprefix('eval_').replace('_', ' ')} {v:.4f}"
                                                             for k, v in record.items() if k.startswith("eval_")))
             self._log(record)
-            if main and ((self.args.save_steps and self.step % self.args.save_steps == 0) or last):
+            if (self.args.save_steps and self.step % self.args.save_steps == 0) or last:
                 self.save()
         bar.close()
         if main:
@@ -178,7 +185,10 @@ class Trainer:
                 sums[key] = sums.get(key, 0.0) + float(value)
         if world.size > 1:
             distributed.fault_point(world.rank, self.step)
-            self._sum_gradients()
+            if isinstance(self.optimizer, ShardedAdamW):
+                self.optimizer.reduce_gradients()
+            else:
+                self._sum_gradients()
             keys = sorted(sums)
             total, *summed = world.totals([total] + [sums[k] for k in keys])
             sums = dict(zip(keys, summed))
@@ -247,7 +257,13 @@ class Trainer:
         else:
             self.model.load_state(tensors)
 
-    def save(self) -> Path:
+    def save(self) -> Path | None:
+        """A checkpoint of this step, written by rank 0 (None on the others). Every rank calls
+        it: a sharded optimizer gathers its state on rank 0 first."""
+        sharded = isinstance(self.optimizer, ShardedAdamW)
+        optimizer = self.optimizer.state() if sharded or self.world.main else None
+        if not self.world.main:
+            return None
         tensors, extra = self._model_files()
         state = {"step": self.step, "epoch": self.epoch, "batch_index": self.batch_index,
                  "total_steps": self.total_steps, "rng": {"seed": self.args.seed},
@@ -256,7 +272,7 @@ class Trainer:
                  "args": asdict(self.args), "lora": None if self.model.lora is None else asdict(self.model.lora),
                  "prefix": None if self.model.prefix is None else asdict(self.model.prefix),
                  "device": ":".join(map(str, self.model.device))}
-        return checkpoints.save_checkpoint(self.output, self.step, tensors, self.optimizer.state(), state, extra,
+        return checkpoints.save_checkpoint(self.output, self.step, tensors, optimizer, state, extra,
                                            keep=self.args.save_total_limit)
 
     def _resume(self) -> None:
