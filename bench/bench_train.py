@@ -273,3 +273,57 @@ def test_dpo_step(benchmark, bench, dpo_setup, packing):
     label = "anychip, shared-prompt packing" if packing == "packed" else "anychip, unpacked pairs"
     bench.run(benchmark, dpo_case(ckpt, packed, unpacked), impl, run, label=label, min_rounds=3, max_rounds=10,
               warmup=1, notes=f"{THREADS} threads")
+
+
+# ---- data parallelism -----------------------------------------------------------------------
+# The whole `anychip finetune --lora` command, as a user runs it, on the host's THREADS cores: one
+# process using all of them against THREADS ranks (`--nproc`, paddle.distributed.launch, gloo)
+# of one thread each, for the same global batch (THREADS sequences of 512 tokens per step). The
+# time of a step is the trainer's own (metrics.jsonl), the first DP_WARMUP steps left out;
+# the ranks' figure includes their gradient all-reduce.
+
+DP_STEPS, DP_WARMUP = 8, 2
+
+
+def dp_case(ckpt) -> Case:
+    c = ckpt.config
+    layer = c.hidden_size * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim + c.num_heads * c.head_dim * c.hidden_size \
+        + 3 * c.hidden_size * c.intermediate_size
+    flops = 4.0 * layer * c.num_layers * MAX_LENGTH * THREADS  # the head's share left out: it varies per pack
+    return Case(f"SmolLM2-135M LoRA r{RANK} step, data parallel: {THREADS} x {MAX_LENGTH} tokens per step", "compute",
+                flops, peak="fp32", targets=(FasterThan("one-process", 0.85, f"one process of {THREADS} threads"),),
+                note=f"whole `anychip finetune` runs; step times from metrics.jsonl, the first {DP_WARMUP} left out")
+
+
+def _finetune_step_seconds(tmp_path, nproc: int) -> list[float]:
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parents[1] / "models" / "training" / "sample_data"
+    out = tmp_path / f"nproc{nproc}"
+    env = {**os.environ, "ANYCHIP_NUM_THREADS": str(THREADS // nproc)}
+    command = [sys.executable, "-m", "anychip.cli.main", "finetune", "--model", "smollm2", "--data", str(data), "--lora",
+               "--zero-padding", "--max-length", str(MAX_LENGTH), "--max-steps", str(DP_STEPS), "--lr", "1e-4",
+               "--grad-accum", str(THREADS // nproc), "--nproc", str(nproc), "--output", str(out)]
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
+    assert run.returncode == 0, run.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [r["seconds"] for r in records if "seconds" in r][DP_WARMUP:]
+
+
+@pytest.mark.parametrize("ranks", ["one-process", "ranks"])
+def test_data_parallel_lora_step(benchmark, bench, setup, tmp_path, ranks):
+    if THREADS < 2:
+        pytest.skip("data parallelism needs 2 host threads to divide")
+    ckpt = setup[0]
+    nproc = THREADS if ranks == "ranks" else 1
+    samples = _finetune_step_seconds(tmp_path, nproc)
+    impl = "anychip" if ranks == "ranks" else "one-process"
+    label = (f"anychip, {nproc} ranks x 1 thread (--nproc {nproc})" if ranks == "ranks"
+             else f"anychip, 1 process x {THREADS} threads")
+    benchmark.extra_info["steps"] = len(samples)
+    bench.collector.record(dp_case(ckpt), impl, samples, extra_info=benchmark.extra_info, label=label,
+                           notes=f"median of {len(samples)} steps")
