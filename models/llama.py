@@ -16,6 +16,7 @@ from anychip.plugins import registry
 
 from .checkpoint import Checkpoint, ModelConfig
 from .layers import DecoderLayer, Embedding, Linear, concat_rows, to_device
+from .tensor_parallel import TensorParallel, shard_checkpoint, vocab_chunk
 
 paddle = import_paddle()
 
@@ -131,11 +132,19 @@ class LlamaForCausalLM(paddle.nn.Layer):
     its P keys and values first: callers number a sequence's tokens from 0 as always, and the
     model places them at RoPE positions and cache slots ``P + position`` behind the prefix, which
     :meth:`new_cache` writes into slots ``0 .. P-1`` of every row (so a decode step reads it like
-    any earlier token). ``context`` is what remains of the model's context for the tokens."""
+    any earlier token). ``context`` is what remains of the model's context for the tokens.
+
+    ``tp``: this rank's share of a tensor-parallel model (:mod:`anychip_models.tensor_parallel`):
+    ``config`` is then the rank's (its heads and MLP features), and every rank returns all the
+    logits. The fused decode step is one launch for all layers, with no room for the ranks'
+    collectives between them: a tensor-parallel model decodes op by op."""
 
     def __init__(self, checkpoint: Checkpoint, device: tuple[str, int] | str = ("cpu", 0), x_int8: bool = False,
-                 bf16: bool = False, kv_dtype: str = "float32"):
+                 bf16: bool = False, kv_dtype: str = "float32", tp: TensorParallel | None = None):
         super().__init__()
+        self.tp = tp if tp is not None and tp.size > 1 else None
+        if self.tp is not None:
+            checkpoint = shard_checkpoint(checkpoint, self.tp.rank, self.tp.size)
         if bf16 and x_int8:
             raise ValueError("bf16 and x_int8 exclude each other: bfloat16 linears take bfloat16 input")
         self.x_int8, self.bf16 = x_int8, bf16
@@ -180,7 +189,7 @@ class LlamaForCausalLM(paddle.nn.Layer):
 
         uniform = all(len({fmt(getattr(l, kind)) for l in self.blocks}) == 1
                       for kind in ("qkv", "o", "gate_up", "down"))
-        self._fused_ok = uniform and (not self.a8w8 or all(
+        self._fused_ok = self.tp is None and uniform and (not self.a8w8 or all(
             lin.bits == 0 or (lin.in_features % 32 == 0 and (lin.group_size == -1 or lin.group_size % 32 == 0))
             for lin in linears))
         if bf16 and self._fused_ok and self.has_fused_decode():
@@ -235,7 +244,7 @@ class LlamaForCausalLM(paddle.nn.Layer):
                 se = startend_row_indices
                 startend_row_indices = paddle.concat(
                     [paddle.full([b, se.shape[1], p, se.shape[3]], t, dtype="int32", device=se.place), se], axis=2)
-        h = self.embed(tokens)
+        h = self._embed(tokens)
         residual = None
         for i, layer in enumerate(self.blocks):
             def block(h, residual, kv, i=i, layer=layer):
@@ -256,7 +265,31 @@ class LlamaForCausalLM(paddle.nn.Layer):
             h = h.reshape([b, c.hidden_size])
         elif rows is not None:
             h = paddle.gather(h.reshape([b * t, c.hidden_size]), rows)
-        return self.head(ops.rms_norm(h, self.norm, c.rms_eps))
+        return self._head(ops.rms_norm(h, self.norm, c.rms_eps))
+
+    def _embed(self, tokens):
+        """Embeddings of ``tokens``; with tensor parallelism each rank looks up the tokens of its
+        vocabulary chunk (zeros for the others) and the ranks' lookups are summed."""
+        if self.tp is None:
+            return self.embed(tokens)
+        rows = vocab_chunk(self.config.vocab_size, self.tp.size)
+        local = tokens - paddle.full_like(tokens, self.tp.rank * rows)  # a tensor add: no int64 scale op
+        inside = paddle.logical_and(local >= paddle.zeros_like(local), local < paddle.full_like(local, rows))
+        h = self.embed(paddle.where(inside, local, paddle.zeros_like(local)))
+        return self.tp.reduce(h * inside.unsqueeze(-1).astype(h.dtype))
+
+    def _head(self, h):
+        """Logits of the final hidden states ``h``; with tensor parallelism each rank computes
+        its vocabulary chunk's and every rank gets them all."""
+        if self.tp is None:
+            return self.head(h)
+        return self.tp.gather(self.head(self.tp.copy(h)), self.config.vocab_size)
+
+    def _column(self, x):
+        return x if self.tp is None else self.tp.copy(x)
+
+    def _row(self, x):
+        return x if self.tp is None else self.tp.reduce(x)
 
     def _block(self, i: int, layer: DecoderLayer, h, residual, positions, cache, start, startend_row_indices,
                cache_rows=None, prefix_kv=None):
@@ -268,15 +301,15 @@ class LlamaForCausalLM(paddle.nn.Layer):
             a = ops.rms_norm(h, layer.attn_norm, c.rms_eps)
         else:
             a, h = ops.rms_norm(h, layer.attn_norm, c.rms_eps, residual=residual)
-        q, k, v = self._qkv(layer, a, positions, b, t)
+        q, k, v = self._qkv(layer, self._column(a), positions, b, t)
         if startend_row_indices is not None:
             attn = ops.flashmask_attention(q, *_prefixed(prefix_kv, k, v), startend_row_indices, causal=True)
         else:
             attn = self._attend(i, q, k, v, cache, start, cache_rows, prefix_kv)
-        residual = layer.o(attn.reshape([b, t, c.num_heads * c.head_dim]))
+        residual = self._row(layer.o(attn.reshape([b, t, c.num_heads * c.head_dim])))
         m, h = ops.rms_norm(h, layer.ffn_norm, c.rms_eps, residual=residual)
-        gate, up = paddle.split(layer.gate_up(m), 2, axis=-1)
-        return h, layer.down(ops.swiglu(gate, up))
+        gate, up = paddle.split(layer.gate_up(self._column(m)), 2, axis=-1)
+        return h, self._row(layer.down(ops.swiglu(gate, up)))
 
     def _qkv(self, layer: DecoderLayer, a, positions, b: int, t: int):
         c = self.config
@@ -336,18 +369,18 @@ class LlamaForCausalLM(paddle.nn.Layer):
 
     def _decode_one(self, token, pos: int, cache: KVCache, row: int):
         c = self.config
-        h = self.embed(token.reshape([1, 1]))
+        h = self._embed(token.reshape([1, 1]))
         positions = paddle.to_tensor([[pos]], dtype="int64", place=place(self.device))
         for i, layer in enumerate(self.blocks):
             a = ops.rms_norm(h, layer.attn_norm, c.rms_eps)
             q, k, v = self._qkv(layer, a, positions, 1, 1)
             cache.write(i, row, pos, k[0], v[0])
             attn = ops.attention(q, *cache.view(i, row, pos + 1), causal=True)
-            h = h + layer.o(attn.reshape([1, 1, c.num_heads * c.head_dim]))
+            h = h + self._row(layer.o(attn.reshape([1, 1, c.num_heads * c.head_dim])))
             m = ops.rms_norm(h, layer.ffn_norm, c.rms_eps)
             gate, up = paddle.split(layer.gate_up(m), 2, axis=-1)
-            h = h + layer.down(ops.swiglu(gate, up))
-        return self.head(ops.rms_norm(h.reshape([1, c.hidden_size]), self.norm, c.rms_eps))
+            h = h + self._row(layer.down(ops.swiglu(gate, up)))
+        return self._head(ops.rms_norm(h.reshape([1, c.hidden_size]), self.norm, c.rms_eps))
 
     def _fused_weights(self):
         if self._fused is None:

@@ -51,6 +51,8 @@ def add_parser(sub, common):
 
 def run(args) -> int:
     check_output(Path(args.output), args.resume, args.overwrite)  # before the imports: Paddle's take seconds
+    if args.tensor_parallel != 1:  # DPO's reference pass and pair losses are not split yet
+        raise ValueError("dpo does not run tensor parallel yet: use --nproc N for data parallelism")
     if (status := launch_ranks(args)) is not None:
         return status
     from ..training.data import format_bad_records

@@ -79,11 +79,12 @@ def run(args) -> int:
     dev = _eval_examples(args, fmt)
     lora = lora_config(args, path)
     prefix = _prefix_config(args, path)
+    world = join(device, args.tensor_parallel)
     model = TrainableModel(base, device, lora=lora, recompute=args.recompute, seed=args.seed,
-                           compute_dtype=args.compute_dtype, prefix=prefix)
+                           compute_dtype=args.compute_dtype, prefix=prefix, tp=world.tp)
     lr = 2e-4 if lora else 1e-1 if prefix else 2e-5
     trainer = Trainer(model, base, train, dev, train_args(args, lr, zero_padding=args.zero_padding), args.output,
-                      world=join(device))
+                      world=world)
     trained = sum(int(p.size) for p in model.params.values())
     method = "LoRA" if lora else f"Prefix Tuning ({prefix.num_prefix_tokens} tokens)" if prefix else "full"
     print(f"finetune on {device_label(device)}: {len(train)} examples ({len(bad)} skipped), {len(dev)} for "

@@ -86,9 +86,11 @@ def run(args) -> int:
     if bad:
         print(format_bad_documents(bad), file=sys.stderr)
     train = TokenSequences(stream, args.max_length, args.document_mask)
-    model = TrainableModel(base, device, recompute=args.recompute, seed=args.seed, compute_dtype=args.compute_dtype)
+    world = join(device, args.tensor_parallel)
+    model = TrainableModel(base, device, recompute=args.recompute, seed=args.seed, compute_dtype=args.compute_dtype,
+                           tp=world.tp)
     trainer = Trainer(model, base, train, dev, train_args(args, 1e-3 if args.config else 5e-5), args.output,
-                      kind="pretrain", world=join(device))
+                      kind="pretrain", world=world)
     params = sum(int(p.size) for p in model.params.values())
     print(f"pretrain on {device_label(device)}: {len(stream):,} tokens in {stream.num_documents} documents "
           f"({len(train)} sequences of {args.max_length}{', document mask' if args.document_mask else ''}), "

@@ -58,6 +58,13 @@ def launch_ranks(args) -> int | None:
         raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
     if getattr(args, "sharding", None) and args.nproc == 1 and not distributed.launched():
         raise ValueError(f"--sharding {args.sharding} partitions the optimizer across ranks: pass --nproc N (N >= 2)")
+    k = getattr(args, "tensor_parallel", 1)
+    if not distributed.launched():
+        if k < 1 or args.nproc % k:
+            raise ValueError(f"--tensor-parallel {k} must be >= 1 and divide --nproc {args.nproc}")
+        if k > 1 and getattr(args, "sharding", None):
+            raise ValueError("--sharding partitions the optimizer of data-parallel ranks; with --tensor-parallel "
+                             "each rank holds a split model already: pass one of them")
     if args.nproc == 1 or distributed.launched():
         return None
     if ":" in (args.device or ""):
@@ -144,6 +151,10 @@ def add_training_flags(p, max_length: int, lr_help: str, max_length_help: str):
                    help="data parallelism: N ranks under paddle.distributed.launch, rank r on device r of --device's "
                         "chip (on cpu all share the host); each optimizer step takes --grad-accum micro-batches per "
                         "rank, so the global batch is N x --grad-accum x --batch-size")
+    g.add_argument("--tensor-parallel", type=int, default=1, metavar="K",
+                   help="with --nproc N: split the model across groups of K ranks (attention by heads, the MLP by "
+                        "its inner features, the vocabulary in chunks), as PaddleNLP's tensor_parallel_degree; "
+                        "N / K groups train data parallel. Checkpoints stay whole: they resume on any N and K")
     g.add_argument("--sharding", choices=("stage1", "stage2"),
                    help="with --nproc: partition the optimizer across the ranks (stage1: its state, each rank "
                         "updating its share of the parameters; stage2: the gradients too), as PaddleNLP's "

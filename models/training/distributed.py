@@ -17,6 +17,10 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # importing it imports Paddle, which a launching process never needs
+    from ..tensor_parallel import TensorParallel
 
 WORLD_ENV = "PADDLE_TRAINERS_NUM"  # set by paddle.distributed.launch in every rank
 RANK_ENV = "PADDLE_TRAINER_ID"
@@ -93,29 +97,49 @@ def launch(argv: list[str], nproc: int, chip: str) -> int:
 
 @dataclass
 class World:
-    """This process's place in the job: ``rank`` of ``size`` (one rank: no communication)."""
+    """This process's place in the job: ``rank`` of ``size`` (one rank: no communication).
+
+    With tensor parallelism of degree ``tp.size`` (K), ranks g*K .. g*K + K-1 hold one model
+    split K ways (``tp``) and compute the same micro-batches; the size / K groups are the
+    data-parallel ranks (``dp_rank`` of ``dp_size``), which sum their gradients and figures over
+    ``dp_group`` (the ranks of the same tensor-parallel index)."""
 
     rank: int = 0
     size: int = 1
     device: tuple[str, int] = ("cpu", 0)
+    tp: "TensorParallel | None" = None
+    dp_group: object = None
 
     @property
     def main(self) -> bool:
         """Whether this rank writes the run's files (checkpoints, metrics, the plot)."""
         return self.rank == 0
 
+    @property
+    def tp_size(self) -> int:
+        return 1 if self.tp is None else self.tp.size
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank // self.tp_size
+
+    @property
+    def dp_size(self) -> int:
+        return self.size // self.tp_size
+
     def all_reduce(self, tensors) -> None:
-        """Sums each tensor across the ranks, in place (the same order on every rank)."""
-        if self.size == 1:
+        """Sums each tensor across the data-parallel ranks, in place (the same order on every
+        rank)."""
+        if self.dp_size == 1:
             return
         import paddle.distributed as dist
 
         for tensor in tensors:
-            dist.all_reduce(tensor)
+            dist.all_reduce(tensor, group=self.dp_group)
 
     def totals(self, values: list[float]) -> list[float]:
-        """The sums across the ranks of ``values`` (float32, in one collective)."""
-        if self.size == 1:
+        """The sums across the data-parallel ranks of ``values`` (float32, in one collective)."""
+        if self.dp_size == 1:
             return list(values)
         import numpy as np
 
@@ -128,9 +152,13 @@ class World:
         return [float(v) for v in tensor.numpy()]
 
 
-def join(device: tuple[str, int]) -> World:
-    """This rank's World once it has joined Paddle's process group (a lone process: World())."""
+def join(device: tuple[str, int], tensor_parallel: int = 1) -> World:
+    """This rank's World once it has joined Paddle's process group (a lone process: World()),
+    with its tensor-parallel group of ``tensor_parallel`` ranks and its data-parallel group."""
     if not launched():
+        if tensor_parallel != 1:
+            raise ValueError(f"--tensor-parallel {tensor_parallel} splits the model across ranks: pass --nproc "
+                             f"{tensor_parallel} (or a multiple)")
         return World(device=device)
     from anychip.paddle_frontend import import_paddle
 
@@ -141,4 +169,22 @@ def join(device: tuple[str, int]) -> World:
     import paddle.distributed as dist
 
     dist.init_parallel_env()
-    return World(rank=dist.get_rank(), size=dist.get_world_size(), device=device)
+    rank, size, k = dist.get_rank(), dist.get_world_size(), tensor_parallel
+    if k == 1:
+        return World(rank=rank, size=size, device=device)
+    from ..tensor_parallel import TensorParallel
+
+    if size % k:
+        raise ValueError(f"--tensor-parallel {k} must divide --nproc {size}")
+    tp = dp = None
+    # every rank creates every group, in the same order (paddle.distributed's rule)
+    for g in range(size // k):
+        group = dist.new_group(list(range(g * k, (g + 1) * k)))
+        if rank // k == g:
+            tp = TensorParallel(rank=rank % k, size=k, group=group)
+    if size > k:
+        for j in range(k):
+            group = dist.new_group(list(range(j, size, k)))
+            if rank % k == j:
+                dp = group
+    return World(rank=rank, size=size, device=device, tp=tp, dp_group=dp)

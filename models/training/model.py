@@ -19,6 +19,7 @@ from ..layers import Linear, assign, matmul, to_device
 from ..llama import LlamaForCausalLM
 from ..lora import LoraConfig
 from ..prefix import EMBEDDING, MLP, PrefixConfig, encoder_shapes, split_layers
+from ..tensor_parallel import TensorParallel
 from .packing import Batch
 
 paddle = import_paddle()
@@ -40,31 +41,45 @@ class Dropout:
         self.step = self.micro = 0
         self.training = True
 
-    def __call__(self, x, layer: int, target: int):
+    def __call__(self, x, layer: int, target: int, split: tuple[int, int] | None = None):
+        """``split`` (rank, ranks): ``x`` is that rank's share of the last axis of the input
+        (tensor parallelism), which gets its share of the whole input's mask."""
         if self.rate == 0.0 or not self.training:
             return x
         rng = np.random.default_rng([self.seed, self.step, self.micro, layer, target])
-        keep = (rng.random(x.shape, dtype=np.float32) >= self.rate).astype(np.float32) / (1.0 - self.rate)
-        return x * paddle.to_tensor(keep, place=x.place)
+        shape = list(x.shape)
+        if split is not None:
+            shape[-1] *= split[1]
+        keep = (rng.random(shape, dtype=np.float32) >= self.rate).astype(np.float32) / (1.0 - self.rate)
+        if split is not None:
+            width = x.shape[-1]
+            keep = keep[..., split[0] * width:(split[0] + 1) * width]
+        return x * paddle.to_tensor(np.ascontiguousarray(keep), place=x.place)
 
 
 class LoraLinear:
     """A frozen projection whose output rows are the concatenation of ``parts`` (q, k, v of a
-    fused qkv, say), each targeted part adapted by ``scaling * B_p A_p x``."""
+    fused qkv, say), each targeted part adapted by ``scaling * B_p A_p x``. ``split`` (rank,
+    ranks): the projection is row-parallel (tensor parallelism), ``x`` this rank's share of the
+    input, and A this rank's columns of the A one device draws."""
 
     def __init__(self, base: Linear, parts: list[tuple[str, int]], config: LoraConfig, layer: int,
-                 dropout: Dropout, rng: np.random.Generator, device, compute_dtype: str = "float32"):
-        self.base, self.parts, self.layer, self.dropout = base, parts, layer, dropout
+                 dropout: Dropout, rng: np.random.Generator, device, compute_dtype: str = "float32",
+                 split: tuple[int, int] | None = None):
+        self.base, self.parts, self.layer, self.dropout, self.split = base, parts, layer, dropout, split
         self.compute_dtype = compute_dtype
         self.scaling = config.scaling
         k = base.weight.shape[1] * (2 if base.bits == 4 else 1)
+        whole = k * (split[1] if split else 1)
         self.adapters = {}
         for name, rows in parts:
             if name in config.targets:
                 # A as PEFT initialises it (Kaiming-uniform, a = sqrt(5): bound 1/sqrt(K)), B zero:
                 # the adapted model starts as the base model
-                bound = 1.0 / math.sqrt(k)
-                a = rng.uniform(-bound, bound, size=(config.rank, k)).astype(np.float32)
+                bound = 1.0 / math.sqrt(whole)
+                a = rng.uniform(-bound, bound, size=(config.rank, whole)).astype(np.float32)
+                if split:
+                    a = np.ascontiguousarray(a[:, split[0] * k:(split[0] + 1) * k])
                 self.adapters[name] = (_trainable(to_device(a, device)),
                                        _trainable(to_device(np.zeros((rows, config.rank), np.float32), device)))
 
@@ -74,7 +89,7 @@ class LoraLinear:
         for index, (name, _) in enumerate(self.parts):
             if name in self.adapters:
                 a, b = self.adapters[name]
-                h = matmul(self.dropout(x, self.layer, index), a, compute_dtype=self.compute_dtype)
+                h = matmul(self.dropout(x, self.layer, index, self.split), a, compute_dtype=self.compute_dtype)
                 outputs[index] = outputs[index] + matmul(h, b, compute_dtype=self.compute_dtype) * self.scaling
         return outputs[0] if len(outputs) == 1 else paddle.concat(outputs, axis=-1)
 
@@ -95,17 +110,20 @@ class TrainableModel:
 
     def __init__(self, checkpoint: Checkpoint, device: tuple[str, int], lora: LoraConfig | None = None,
                  recompute: bool = False, seed: int = 0, compute_dtype: str = "float32",
-                 prefix: PrefixConfig | None = None):
+                 prefix: PrefixConfig | None = None, tp: TensorParallel | None = None):
         if compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"compute_dtype must be one of {', '.join(COMPUTE_DTYPES)}, got {compute_dtype!r}")
         if lora is not None and prefix is not None:
             raise ValueError("train a LoRA adapter or a prefix, not both at once")
         if checkpoint.prefix is not None:
             raise ValueError("the model carries a trained prefix already: train from its base model")
-        self.config = checkpoint.config
+        if prefix is not None and tp is not None and tp.size > 1:
+            raise ValueError("Prefix Tuning does not run tensor parallel: train the prefix on one device per rank")
         self.device, self.lora, self.prefix, self.recompute = device, lora, prefix, recompute
         self.compute_dtype = compute_dtype
-        self.model = LlamaForCausalLM(checkpoint, device)
+        self.model = LlamaForCausalLM(checkpoint, device, tp=tp)
+        self.tp = self.model.tp
+        self.config = self.model.config  # a tensor-parallel rank's: its heads and MLP features
         for layer in self.model.blocks:
             for linear in (layer.qkv, layer.o, layer.gate_up, layer.down):
                 linear.compute_dtype = compute_dtype
@@ -161,7 +179,9 @@ class TrainableModel:
                          "down": [("down_proj", c.hidden_size)]}[name]
                 if not any(part in lora.targets for part, _ in parts):
                     continue
-                adapted = LoraLinear(linear, parts, lora, i, self.dropout, rng, self.device, self.compute_dtype)
+                split = (self.tp.rank, self.tp.size) if self.tp is not None and name in ("o", "down") else None
+                adapted = LoraLinear(linear, parts, lora, i, self.dropout, rng, self.device, self.compute_dtype,
+                                     split)
                 setattr(layer, name, adapted)
                 for part, (a, b) in adapted.adapters.items():
                     self.params[f"layers.{i}.{part}.lora_A"] = a

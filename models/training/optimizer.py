@@ -51,12 +51,17 @@ class AdamW:
             raise RuntimeError(f"no gradient reached {missing[0]} (and {len(missing) - 1} more parameters)")
         return {n: p.grad for n, p in self.params.items()}
 
-    def clip_grad_norm(self, max_norm: float | None, total=None) -> float:
+    def clip_grad_norm(self, max_norm: float | None, total=None, squares=None) -> float:
         """The global L2 norm of all gradients; above ``max_norm`` they are scaled down to it.
-        ``total``: the sum across ranks of a float, when each rank holds some of the gradients."""
+        ``total``: the sum across ranks of a float, when each rank holds some of the gradients;
+        ``squares``: the squared global norm of {name: gradient}, where it is not their sum."""
         grads = self._grads()
-        squares = sum(float((g * g).sum()) for g in grads.values())
-        norm = math.sqrt(total(squares) if total else squares)
+        if squares is not None:
+            square = squares(grads)
+        else:
+            square = sum(float((g * g).sum()) for g in grads.values())
+            square = total(square) if total else square
+        norm = math.sqrt(square)
         if max_norm and norm > max_norm:
             scale = max_norm / (norm + 1e-6)
             with paddle.no_grad():

@@ -25,6 +25,7 @@ from anychip.paddle_frontend import import_paddle
 from ..checkpoint import Checkpoint
 from ..export import hf_metadata_files, hf_tensors
 from ..hf_folder import hf_name
+from ..tensor_parallel import partial_gradient, shard, shard_axis, shard_params, unshard, unshard_params
 from . import checkpoints, distributed
 from .data import Example
 from .distributed import World
@@ -100,7 +101,7 @@ class Trainer:
             self.optimizer = ShardedAdamW(model.params, self.world, args.sharding, weight_decay=args.weight_decay)
         else:
             self.optimizer = AdamW(model.params, weight_decay=args.weight_decay)
-        self.micro_per_step = args.grad_accum * self.world.size
+        self.micro_per_step = args.grad_accum * self.world.dp_size
         self.steps_per_epoch = math.ceil(len(self._epoch_batches(0)) / self.micro_per_step)
         self.total_steps = args.max_steps or max(1, math.ceil(args.epochs * self.steps_per_epoch))
         self.step, self.epoch, self.batch_index = 0, 0, 0
@@ -161,8 +162,8 @@ class Trainer:
             if (self.args.save_steps and self.step % self.args.save_steps == 0) or last:
                 self.save()
         bar.close()
+        self._export()
         if main:
-            self._export()
             self.plot()
         return record
 
@@ -174,9 +175,9 @@ class Trainer:
         self.model.dropout.training = True
         total, sums = 0.0, {}
         world = self.world
-        # Rank r takes micro-batches r, r + size, ...; each keeps its index j, which seeds its
-        # LoRA dropout as on one device.
-        for j in range(world.rank, len(micro), world.size):
+        # Data-parallel rank r takes micro-batches r, r + size, ...; each keeps its index j, which
+        # seeds its LoRA dropout as on one device.
+        for j in range(world.dp_rank, len(micro), world.dp_size):
             self.model.dropout.step, self.model.dropout.micro = self.step, j
             loss, metrics = self._loss(micro[j], denominator)
             loss.backward()
@@ -185,6 +186,7 @@ class Trainer:
                 sums[key] = sums.get(key, 0.0) + float(value)
         if world.size > 1:
             distributed.fault_point(world.rank, self.step)
+            self._sum_partial_gradients()
             if isinstance(self.optimizer, ShardedAdamW):
                 self.optimizer.reduce_gradients()
             else:
@@ -192,7 +194,10 @@ class Trainer:
             keys = sorted(sums)
             total, *summed = world.totals([total] + [sums[k] for k in keys])
             sums = dict(zip(keys, summed))
-        norm = self.optimizer.clip_grad_norm(self.args.max_grad_norm)
+        if self.model.tp is not None:
+            norm = self.optimizer.clip_grad_norm(self.args.max_grad_norm, squares=self._tp_squares)
+        else:
+            norm = self.optimizer.clip_grad_norm(self.args.max_grad_norm)
         lr = learning_rate(self.step, self.args.lr, self.args.warmup_steps, self.total_steps, self.args.schedule)
         self.optimizer.step(lr, self.step)
         self.optimizer.zero_grad()
@@ -201,6 +206,31 @@ class Trainer:
         return {"step": self.step, "epoch": self.epoch, "loss": total, **self._finish_metrics(sums, denominator),
                 "lr": lr, "grad_norm": norm, "tokens": tokens, "target_tokens": denominator,
                 "tokens_per_s": tokens / seconds, "seconds": seconds}
+
+    def _sum_partial_gradients(self) -> None:
+        """Tensor parallelism: the gradients of whole parameters that saw only their rank's part
+        of a split product, summed over the tensor-parallel ranks."""
+        tp = self.model.tp
+        if tp is None:
+            return
+        import paddle.distributed as dist
+
+        for name, p in self.model.params.items():
+            if partial_gradient(name) and p.grad is not None:
+                dist.all_reduce(p.grad, group=tp.group)
+
+    def _tp_squares(self, grads: dict) -> float:
+        """The squared global gradient norm under tensor parallelism: split parameters' squares
+        summed over the ranks, whole ones' counted once."""
+        import paddle.distributed as dist
+
+        from anychip.ops.dispatch import place
+
+        split = sum(float((g * g).sum()) for n, g in grads.items() if shard_axis(n) is not None)
+        whole = sum(float((g * g).sum()) for n, g in grads.items() if shard_axis(n) is None)
+        total = paddle.to_tensor(np.asarray([split], np.float32), place=place(self.model.device))
+        dist.all_reduce(total, group=self.model.tp.group)
+        return float(total.numpy()[0]) + whole
 
     def _sum_gradients(self) -> None:
         """Every parameter's gradient summed across the ranks (a rank that had no micro-batch
@@ -228,7 +258,7 @@ class Trainer:
         self.model.dropout.training = False
         total, count = 0.0, 0
         with paddle.no_grad():
-            for batch in self._dev_batches()[self.world.rank::self.world.size]:
+            for batch in self._dev_batches()[self.world.dp_rank::self.world.dp_size]:
                 _, losses = self.model.batch_loss(batch, 1)
                 total += float(losses.sum())
                 count += batch.loss_tokens
@@ -240,31 +270,49 @@ class Trainer:
 
     def _model_files(self) -> tuple[dict, dict]:
         """The model's tensors and extra files as a checkpoint (or the final output) holds them:
-        a Hugging Face folder for full fine-tuning, an adapter folder for LoRA or a prefix."""
+        a Hugging Face folder for full fine-tuning, an adapter folder for LoRA or a prefix. Under
+        tensor parallelism a collective (every rank calls it) giving the whole tensors."""
         adapter = self.model.adapter
+        tensors = self.model.canonical_tensors() if adapter is None else self.model.state()
+        if self.model.tp is not None:
+            tensors = unshard(tensors, self.model.tp, self.base.config.vocab_size, self.model.device)
         if adapter is None:
             config = self.base.config
-            return hf_tensors(config, self.model.canonical_tensors()), hf_metadata_files(config, self.base.tokenizer)
-        return self.model.state(), {adapter.config_file: adapter.to_json().encode()}
+            return hf_tensors(config, tensors), hf_metadata_files(config, self.base.tokenizer)
+        return tensors, {adapter.config_file: adapter.to_json().encode()}
 
     def _load_model_tensors(self, tensors: dict) -> None:
+        tp = self.model.tp
         if self.model.adapter is None:
             by_hf = {hf_name(n): n for n in self.base.tensors}
             unknown = sorted(set(tensors) - set(by_hf))
             if unknown:
                 raise ValueError(f"the checkpoint holds tensors this model lacks: {unknown[:3]}")
-            self.model.load_canonical({by_hf[n]: t for n, t in tensors.items()})
+            tensors = {by_hf[n]: t for n, t in tensors.items()}
+            if tp is not None:
+                tensors = shard(tensors, tp, self.base.config.vocab_size)
+            self.model.load_canonical(tensors)
         else:
+            if tp is not None:
+                tensors = shard(tensors, tp, self.base.config.vocab_size)
             self.model.load_state(tensors)
+
+    def _whole_optimizer_state(self, state: dict) -> dict:
+        """Tensor parallelism: the whole optimizer state from the ranks' shares (a collective)."""
+        return unshard_params(state, self.model.tp, self.model.config, self.base.config.vocab_size, self.model.device)
 
     def save(self) -> Path | None:
         """A checkpoint of this step, written by rank 0 (None on the others). Every rank calls
         it: a sharded optimizer gathers its state on rank 0 first."""
         sharded = isinstance(self.optimizer, ShardedAdamW)
         optimizer = self.optimizer.state() if sharded or self.world.main else None
+        if self.model.tp is not None:  # the whole tensors: every rank takes part
+            tensors, extra = self._model_files()
+            optimizer = self._whole_optimizer_state(optimizer if self.world.main else self.optimizer.state())
         if not self.world.main:
             return None
-        tensors, extra = self._model_files()
+        if self.model.tp is None:
+            tensors, extra = self._model_files()
         state = {"step": self.step, "epoch": self.epoch, "batch_index": self.batch_index,
                  "total_steps": self.total_steps, "rng": {"seed": self.args.seed},
                  "scheduler": {"schedule": self.args.schedule, "lr": self.args.lr,
@@ -286,6 +334,8 @@ class Trainer:
                              f"{state.get('total_steps')} steps; resuming needs the same data and arguments "
                              f"(this run: seed {self.args.seed}, {self.total_steps} steps)")
         self._load_model_tensors(tensors)
+        if self.model.tp is not None:
+            optimizer = shard_params(optimizer, self.model.tp, self.base.config, self.base.config.vocab_size)
         self.optimizer.load_state(optimizer)
         self.step, self.epoch, self.batch_index = state["step"], state["epoch"], state["batch_index"]
         # the log of the interrupted run may run past this checkpoint: those steps are redone
@@ -309,7 +359,9 @@ class Trainer:
     def _export(self) -> None:
         """The trained model into the output folder itself, each file atomically, the file that
         makes the folder loadable (config.json, lora_config.json, prefix_config.json) last."""
-        tensors, extra = self._model_files()
+        tensors, extra = self._model_files()  # every rank: a collective under tensor parallelism
+        if not self.world.main:
+            return
         from safetensors.numpy import save
 
         marker = "config.json" if self.model.adapter is None else self.model.adapter.config_file
