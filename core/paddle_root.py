@@ -182,13 +182,13 @@ def prepare(only: frozenset[str] | None = None) -> Path:
 
 def job_env(device: str) -> dict[str, str]:
     """The environment under which ``python -m paddle.distributed.launch`` and its ranks see
-    anychip device ``device`` alone: Paddle's launcher and ``init_parallel_env`` take the first
+    anychip device ``device`` alone (none, for a device without a Paddle type such as ``cpu``,
+    whose ranks talk through gloo): Paddle's launcher and ``init_parallel_env`` take the first
     CustomDevice type Paddle registered as the job's (its ``FLAGS_selected_<type>s``, its
-    ``xccl`` backend), so with several registered a job could land on another chip."""
-    if registry().spec(device).paddle_type is None:
-        raise ValueError(f"device {device!r} has no Paddle type: its ranks talk through gloo on the host")
-    only = frozenset([device])
-    return {ONLY_ENV: device, "CUSTOM_DEVICE_ROOT": str(prepare(only))}
+    ``xccl`` backend, its device count), so with several registered a job could land on another
+    chip, or be refused more ranks than that chip has devices."""
+    only = frozenset([device]) if registry().spec(device).paddle_type is not None else frozenset()
+    return {ONLY_ENV: ",".join(only), "CUSTOM_DEVICE_ROOT": str(prepare(only))}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
-from .session import add_model_flags, add_sampling_flags, open_session, prompt_ids, sampling_params, utf8_text
+from .session import (add_model_flags, add_sampling_flags, launch_tensor_parallel, open_session, prompt_ids,
+                      sampling_params, utf8_text)
 
 
 def add_parser(sub, common):
@@ -21,6 +22,13 @@ def add_parser(sub, common):
                    help="print one JSON object with the texts, token counts and timings instead of plain text")
     add_model_flags(p)
     add_sampling_flags(p)
+    g = p.add_argument_group("tensor parallelism")
+    g.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="run as N ranks under paddle.distributed.launch, rank r on device r of --device's chip "
+                        "(with --tensor-parallel N)")
+    g.add_argument("--tensor-parallel", type=int, default=1, metavar="K",
+                   help="split the model across K ranks (attention by heads, the MLP by its inner features, the "
+                        "vocabulary in chunks; float weights); rank 0 prints the text")
 
 
 def run(args) -> int:
@@ -29,7 +37,13 @@ def run(args) -> int:
         utf8_text("PROMPT" if len(args.prompts) == 1 else f"PROMPT {i + 1}", text)
     if args.system is not None:
         utf8_text("--system", args.system)
+    if (status := launch_tensor_parallel(args)) is not None:
+        return status
     session = open_session(args)
+    if not session.main:  # the other ranks only compute their share
+        session.generator.generate([prompt_ids(session.tokenizer, t, args.raw, args.system) for t in args.prompts],
+                                   params)
+        return 0
     tok = session.tokenizer
     prompts = [prompt_ids(tok, text, args.raw, args.system) for text in args.prompts]
     stream = not args.json and len(prompts) == 1

@@ -81,31 +81,78 @@ class Session:
     simulated: bool
     model_name: str
     weights: str
+    main: bool = True  # False on the ranks of a tensor-parallel job other than rank 0
+
+
+def launch_tensor_parallel(args) -> int | None:
+    """With ``--nproc N`` (N > 1) in a process that is not one of the ranks yet: checks the flags
+    and runs this command as N tensor-parallel ranks, returning their exit status; else None.
+    Sampling needs the same random draws on every rank: a run without --seed gets one here."""
+    import random
+
+    from ..training import distributed
+
+    nproc, k = getattr(args, "nproc", 1), getattr(args, "tensor_parallel", 1)
+    if distributed.launched():
+        return None
+    if nproc < 1 or k < 1 or nproc != k:
+        raise ValueError(f"--nproc {nproc} and --tensor-parallel {k}: the ranks split one model, so they must be "
+                         "equal (and >= 1)")
+    if nproc == 1:
+        return None
+    device = args.device or ""
+    if ":" in device:
+        raise ValueError(f"--device {device} names one device; with --nproc {nproc} rank r takes device r of the "
+                         "chip: pass the chip alone (e.g. --device npu)")
+    from anychip.selection import default_device
+
+    chip = (device or default_device()).partition(":")[0]
+    if chip != "cpu":
+        from .training_flags import require_ranks
+
+        require_ranks(chip, nproc)
+    argv = list(args.argv)
+    if args.seed is None:
+        argv += ["--seed", str(random.SystemRandom().randrange(2**31))]
+    return distributed.launch(argv, nproc, chip)
 
 
 def open_session(args) -> Session:
-    """Validates the device, finds (or pulls) the model, loads it onto the device."""
+    """Validates the device, finds (or pulls) the model, loads it onto the device (this rank's
+    share of it, in a tensor-parallel job)."""
     import anychip
     from anychip.devices import describe
 
     from ..checkpoint import load_checkpoint
     from ..hub import resolve
+    from ..training import distributed
 
-    device = anychip.set_device(args.device)
+    wanted = args.device
+    if distributed.launched():
+        from anychip.selection import default_device
+
+        chip = (args.device or default_device()).partition(":")[0]
+        wanted = chip if chip == "cpu" else f"{chip}:{distributed.rank()}"
+    device = anychip.set_device(wanted)
     simulated = describe(device.split(":")[0]).status == "simulated"
     path = resolve(args.model)
     checkpoint = load_checkpoint(path, weights=args.weights)
     from ..generate import Generator
     from ..llama import LlamaForCausalLM
 
+    name, _, index = device.partition(":")
+    world = distributed.join((name, int(index or 0)), getattr(args, "tensor_parallel", 1))
     model = LlamaForCausalLM(checkpoint, device, x_int8=args.int8_activations, bf16=args.bf16,
-                             kv_dtype=args.kv_cache)
-    if simulated:
+                             kv_dtype=args.kv_cache, tp=world.tp)
+    if world.tp is not None:
+        print(f"anychip: rank {world.rank} of {world.size} holds 1/{world.tp.size} of the model "
+              "(tensor parallel; decoding op by op)", file=sys.stderr)
+    if simulated and world.main:
         print(f"anychip: {device} is simulated: its timings are the host CPU's, not the chip's", file=sys.stderr)
     return Session(Generator(model, checkpoint.tokenizer, fused=not args.no_fused), checkpoint.tokenizer, device,
                    simulated, checkpoint.config.name or str(path),
                    args.weights + (", bf16" if args.bf16 else "")
-                   + (f", {args.kv_cache} KV cache" if args.kv_cache != "float32" else ""))
+                   + (f", {args.kv_cache} KV cache" if args.kv_cache != "float32" else ""), world.main)
 
 
 def prompt_ids(tokenizer, text: str, raw: bool, system: str | None = None, history: list | None = None) -> list[int]:

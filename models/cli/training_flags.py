@@ -72,11 +72,11 @@ def launch_ranks(args) -> int | None:
                          "of the chip: pass the chip alone (e.g. --device npu)")
     chip = _chip(args)
     if chip != "cpu":
-        _require_ranks(chip, args.nproc)
+        require_ranks(chip, args.nproc)
     return distributed.launch(args.argv, args.nproc, chip)
 
 
-def _require_ranks(chip: str, nproc: int) -> None:
+def require_ranks(chip: str, nproc: int) -> None:
     """Refuses --nproc on a chip without ``nproc`` devices or without collectives, before any
     rank starts."""
     from anychip.devices import describe

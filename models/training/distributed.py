@@ -80,10 +80,9 @@ def launch(argv: list[str], nproc: int, chip: str) -> int:
     folder, named on failure; rank 0's output is shown as it runs (Paddle's launcher does that)."""
     logs = tempfile.mkdtemp(prefix="anychip-ranks-")
     env = dict(os.environ)
-    if chip != "cpu":
-        from anychip.paddle_root import job_env
+    from anychip.paddle_root import job_env
 
-        env.update(job_env(chip))
+    env.update(job_env(chip))
     if "ANYCHIP_NUM_THREADS" not in env:  # N ranks on one host share its CPUs
         env["ANYCHIP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
     command = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc), "--log_dir", logs,

@@ -1,0 +1,151 @@
+"""Tensor parallelism (``--tensor-parallel K``): the model split across ranks gives the logits of
+one device within 1e-5 and the same greedy tokens; training split 2 ways gives one device's
+losses, its checkpoint is whole and resumes on one process; bad degrees are refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from anychip_models.training import checkpoints
+from anychip_models.tensor_parallel import TensorParallel, check, shard, shard_axis, vocab_chunk
+from training_helpers import anychip as run_anychip
+from training_helpers import losses, sft_records, write_jsonl
+
+JOB = Path(__file__).with_name("tensor_parallel_job.py")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tp-data")
+    write_jsonl(folder / "train.jsonl", sft_records())
+    write_jsonl(folder / "dev.jsonl", sft_records(6))
+    return folder
+
+
+def finetune(model_dir, data, output, *extra, env=None):
+    return run_anychip("finetune", "--model", model_dir, "--data", data, "--max-length", 64, "--batch-size", 2,
+                         "--max-steps", 4, "--zero-padding", "--lr", "5e-3", "--eval-steps", 2, "--save-steps", 2,
+                         "--output", output, *extra, env=env)
+
+
+def test_each_tensor_splits_on_its_axis_and_the_vocabulary_in_padded_chunks(base):
+    parts = [shard(dict(base.tensors), TensorParallel(rank=r, size=2), base.config.vocab_size) for r in range(2)]
+    for name, whole in base.tensors.items():
+        axis = shard_axis(name)
+        if axis is None:
+            assert all(p[name] is whole for p in parts), name
+            continue
+        joined = np.concatenate([p[name] for p in parts], axis=axis)
+        np.testing.assert_array_equal(joined[:whole.shape[0]] if axis == 0 else joined, whole, err_msg=name)
+    rows = vocab_chunk(base.config.vocab_size, 2)
+    assert parts[0]["embed_tokens"].shape[0] == parts[1]["embed_tokens"].shape[0] == rows
+    assert shard_axis("layers.0.o_proj.lora_A") == 1 and shard_axis("layers.0.o_proj.lora_B") is None
+    assert shard_axis("layers.0.q_proj.lora_B") == 0 and shard_axis("layers.0.q_proj.lora_A") is None
+    with pytest.raises(ValueError, match=r"--tensor-parallel 3 must divide the model's attention heads \(4\)"):
+        check(base.config, 3)
+
+
+def _job(chip: str, model_dir, out: Path, tp: int = 2) -> subprocess.CompletedProcess:
+    env = {**os.environ, "CHIP": chip, "TP": str(tp), "MODEL": str(model_dir), "OUT": str(out)}
+    if chip != "cpu":
+        from anychip.paddle_root import job_env
+
+        env.update(job_env(chip), ANYCHIP_STRICT="1")
+    return subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(tp),
+                           "--log_dir", str(out / "logs"), str(JOB)], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("chip", ["cpu", "npu"])
+def test_two_ranks_give_the_logits_of_one_device(model_dir, base, tmp_path, chip):
+    from anychip.ops.dispatch import place
+    from anychip.paddle_frontend import import_paddle
+    from anychip_models.llama import LlamaForCausalLM
+
+    run = _job(chip, model_dir, tmp_path)
+    logs = "".join(p.read_text(errors="replace") for p in sorted((tmp_path / "logs").glob("workerlog.*")))
+    assert run.returncode == 0, logs[-4000:]
+    got = np.load(tmp_path / "logits.npz")
+    paddle = import_paddle()
+    model = LlamaForCausalLM(base, ("cpu", 0))
+    tokens = got["tokens"]
+    dev = place(("cpu", 0))
+    with paddle.no_grad():
+        cache = model.new_cache(2, 16)
+        prefill = model(paddle.to_tensor(tokens, place=dev), paddle.to_tensor(np.tile(np.arange(7), (2, 1)), place=dev),
+                        cache)
+        step = model.decode(paddle.to_tensor(tokens[:, 0], place=dev), paddle.to_tensor(np.array([7, 7]), place=dev),
+                            cache, fused=False)
+    assert got["prefill"].shape == tuple(prefill.shape) and got["decode"].shape == tuple(step.shape)
+    np.testing.assert_allclose(got["prefill"], prefill.numpy(), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(got["decode"], step.numpy(), atol=1e-5, rtol=1e-5)
+
+
+def test_generate_on_two_ranks_gives_one_devices_greedy_tokens(model_dir):
+    common = ["generate", "--model", model_dir, "--raw", "The capital of France is", "--max-new-tokens", 16,
+              "--json", "--device", "npu"]
+    one = run_anychip(*common)
+    assert one.returncode == 0, one.stderr
+    two = run_anychip(*common, "--nproc", 2, "--tensor-parallel", 2, env={"ANYCHIP_STRICT": "1"})
+    assert two.returncode == 0, two.stderr + two.stdout
+    start = two.stdout.index("{")  # rank 0's JSON, after the launcher's lines
+    split = json.JSONDecoder().raw_decode(two.stdout[start:])[0]
+    whole = json.loads(one.stdout)
+    assert split["completions"][0]["text"] == whole["completions"][0]["text"]
+    assert split["completions"][0]["completion_tokens"] == whole["completions"][0]["completion_tokens"]
+    assert "rank 0 of 2 holds 1/2 of the model (tensor parallel; decoding op by op)" in two.stdout + two.stderr
+
+
+@pytest.mark.parametrize("method", [[], ["--lora"]], ids=["full", "lora"])
+def test_training_split_two_ways_gives_one_devices_losses_and_a_whole_checkpoint(model_dir, data, tmp_path, method):
+    one = finetune(model_dir, data, tmp_path / "one", *method)
+    assert one.returncode == 0, one.stderr
+    out = tmp_path / "two"
+    two = finetune(model_dir, data, out, "--device", "npu", "--nproc", 2, "--tensor-parallel", 2, *method,
+                   env={"ANYCHIP_STRICT": "1"})
+    assert two.returncode == 0, two.stderr + two.stdout
+    np.testing.assert_allclose(losses(out), losses(tmp_path / "one"), rtol=1e-5)
+    # whole tensors, as one device saves them, in the checkpoint and the exported model
+    for folder in (checkpoints.latest_checkpoint(out), out):
+        mine = checkpoints.load_checkpoint_state(folder)[0] if folder != out else None
+        if mine is None:
+            continue
+        theirs = checkpoints.load_checkpoint_state(checkpoints.latest_checkpoint(tmp_path / "one"))[0]
+        assert {k: v.shape for k, v in mine.items()} == {k: v.shape for k, v in theirs.items()}
+    # saved at step 2 by two ranks, resumed on one process: the uninterrupted run's losses
+    checkpoints.remove_tree(out / "checkpoint-4")
+    resumed = finetune(model_dir, data, out, "--resume", *method)
+    assert resumed.returncode == 0, resumed.stderr
+    np.testing.assert_allclose(losses(out), losses(tmp_path / "one"), rtol=1e-5)
+    generated = run_anychip("generate", "--model", out, "--raw", "Say hello.", "--max-new-tokens", 4)
+    assert generated.returncode == 0, generated.stderr
+
+
+def test_one_process_checkpoint_resumes_split_two_ways(model_dir, data, tmp_path):
+    one = finetune(model_dir, data, tmp_path / "one", "--lora")
+    assert one.returncode == 0, one.stderr
+    out = tmp_path / "run"
+    assert finetune(model_dir, data, out, "--lora").returncode == 0
+    checkpoints.remove_tree(out / "checkpoint-4")
+    resumed = finetune(model_dir, data, out, "--lora", "--resume", "--nproc", 2, "--tensor-parallel", 2)
+    assert resumed.returncode == 0, resumed.stderr + resumed.stdout
+    np.testing.assert_allclose(losses(out), losses(tmp_path / "one"), rtol=1e-5)
+
+
+def test_bad_degrees_are_refused(model_dir, data, tmp_path):
+    odd = finetune(model_dir, data, tmp_path / "a", "--nproc", 2, "--tensor-parallel", 3)
+    assert odd.returncode != 0 and "--tensor-parallel 3 must be >= 1 and divide --nproc 2" in odd.stderr
+    both = finetune(model_dir, data, tmp_path / "b", "--nproc", 2, "--tensor-parallel", 2, "--sharding", "stage1")
+    assert both.returncode != 0 and "pass one of them" in both.stderr
+    gen = run_anychip("generate", "--model", model_dir, "hi", "--nproc", 2)
+    assert gen.returncode != 0 and "must be equal" in gen.stderr
+    heads = finetune(model_dir, data, tmp_path / "c", "--nproc", 3, "--tensor-parallel", 3)
+    assert heads.returncode != 0
+    assert "--tensor-parallel 3 must divide the model's attention heads (4)" in heads.stdout + heads.stderr
