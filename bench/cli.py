@@ -21,6 +21,7 @@ examples:
   anychip bench                                      # every op on the host CPU, SmolLM2 shapes
   anychip bench --devices cpu,npu --ops rms_norm,attention --shapes llama-7b --dtype bfloat16
   anychip bench compare before/bench.json after/bench.json --threshold 0.1
+  anychip bench collectives --nproc 2 --device npu      # all_reduce etc. bandwidth, nccl-tests style
 
 Each case runs anychip's op on every device, the op's reference (plain Paddle) and the peers
 (Paddle's own op, PyTorch) on the host. Simulated devices (anychip's simulator on the host CPU)
@@ -55,7 +56,8 @@ def add_parser(sub, common):
     p = sub.add_parser(
         "bench", parents=[common], help="benchmark anychip's kernels on devices against references and peers",
         usage="anychip bench [--devices DEV,...] [--ops OP,...] [--shapes PRESET] [--dtype DTYPE] [options]\n"
-              "       anychip bench compare A.json B.json [--threshold F]",
+              "       anychip bench compare A.json B.json [--threshold F]\n"
+              "       anychip bench collectives [--nproc N] [--device DEV] [--sizes 4K,...] [--out DIR]",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES,
         description="Time anychip's ops on each device (median of the timed calls, the device synchronized\n"
                     "around each), with GB/s or TFLOP/s, the share of the host's roofline measured in this\n"
@@ -91,11 +93,30 @@ def add_parser(sub, common):
     c.add_argument("b", type=Path, metavar="B.json", help="the run to check")
     c.add_argument("--threshold", type=_fraction, default=0.1, metavar="F",
                    help="allowed slowdown as a fraction (default 0.1: B may take up to 1.1 x A's time)")
+    k = sub_bench.add_parser(
+        "collectives", parents=[common], help="collectives bandwidth across N processes (nccl-tests style)",
+        prog="anychip bench collectives",
+        usage="anychip bench collectives [--nproc N] [--device DEV] [--sizes 4K,...] [--iters N] [--out DIR]",
+        description="Start N processes (one rank each, device r of the chip) and time all_reduce, all_gather, "
+                    "reduce_scatter and broadcast (float32) per message size: time, algbw, busbw, beside the "
+                    "host copy bandwidth of the same size; see bench/bench_collectives.py and bench/README.md.")
+    k.add_argument("--nproc", type=_positive, default=2, metavar="N", help="ranks, one process each (default 2)")
+    k.add_argument("--sizes", metavar="SIZE[,SIZE...]",
+                   help="message sizes in bytes or with K/M/G (KiB, MiB, GiB) (default: 4K..64M in powers of 4)")
+    k.add_argument("--iters", type=_positive, metavar="N",
+                   help="timed calls per size (default: about 512 MiB moved, 5 to 100 calls)")
+    k.add_argument("--out", dest="collectives_out", type=Path, default=DEFAULT_OUT / "collectives", metavar="DIR",
+                   help=f"where collectives.json, collectives.md and collectives.png go "
+                        f"(default: {DEFAULT_OUT / 'collectives'}); --device defaults to npu here")
 
 
 def run(args) -> int:
     if args.bench_command == "compare":
         return _compare(args)
+    if args.bench_command == "collectives":
+        from .bench_collectives import run_cli
+
+        return run_cli(args)
     return _bench(args)
 
 

@@ -16,6 +16,10 @@ Check that a device keeps anychip's contracts, the way a chip vendor validates a
            in float32 from the same values, so only the kernel's own error is measured
   e2e      whole workloads against the host CPU (e.g. a tiny Llama's forward, backward and
            AdamW step), from the anychip.conformance entry points of installed packages
+  collectives  (only with --sections collectives) the device.h ABI 1.2 collectives against
+           numpy: every collective x dtype x world sizes 2 and 3 x counts 1, 7 and one past the
+           simulator's staging slot, in place and not; groups, send/recv order, a missing
+           rank's timeout; a plugin without collectives is reported skipped, not failed
 
 Reading the op matrix (one row per op, a column per dtype and direction):
   pass          every sample case within tolerance
@@ -36,6 +40,7 @@ examples:
   anychip conformance --device npu
   anychip conformance --device mychip --ops rms_norm,attention --dtypes bfloat16 --skip e2e
   anychip conformance --device npu --out conformance-npu/   # conformance.json + conformance.md
+  anychip conformance --device npu --sections collectives
   pytest --anychip-device=mychip                             # the same checks as pytest items"""
 
 
@@ -80,7 +85,9 @@ def add_parser(sub, common):
     p.add_argument("--dtypes", type=_names("dtype", _known_dtypes), metavar="DTYPE[,DTYPE...]",
                    help="check only these dtypes, e.g. float32,bfloat16 (default: each op's own)")
     p.add_argument("--skip", type=_names("section", _known_sections), default=(), metavar="SECTION[,SECTION...]",
-                   help="leave out sections: runtime, op, e2e")
+                   help="leave out sections: runtime, op, e2e, collectives")
+    p.add_argument("--sections", type=_names("section", _known_sections), metavar="SECTION[,SECTION...]",
+                   help="run these sections (default: runtime,op,e2e; collectives runs only when named here)")
     p.add_argument("--out", type=Path, metavar="DIR", help="also write conformance.json and conformance.md to DIR")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of the matrix")
 
@@ -96,7 +103,7 @@ def run(args) -> int:
     except ValueError as exc:  # unknown, out of range or unavailable here
         print(f"anychip conformance: error: --device {device}: {exc}", file=sys.stderr)
         return 2
-    sections = [s for s in conformance.SECTIONS if s not in args.skip]
+    sections = [s for s in (args.sections or conformance.DEFAULT_SECTIONS) if s not in args.skip]
     report = conformance.run(device, ops=args.ops, dtypes=args.dtypes, sections=sections)
     print(report.as_json() if args.json else report.matrix_text())
     if args.out is not None:

@@ -4,9 +4,11 @@
     report = conformance.run("npu")
     print(report.matrix_text())
 
-Three sections: "runtime" (the device.h contract, :mod:`.runtime_contract`), "op" (every
-registered op against its reference, :mod:`.op_checks`) and "e2e" (the checks of every
+Three sections run by default: "runtime" (the device.h contract, :mod:`.runtime_contract`), "op"
+(every registered op against its reference, :mod:`.op_checks`) and "e2e" (the checks of every
 ``anychip.conformance`` entry point, e.g. a tiny Llama's training step against the host CPU).
+"collectives" (device.h ABI 1.2 collectives against numpy, :mod:`.collectives`) runs when named
+in ``sections`` (it starts processes and waits out a timeout on purpose).
 The same run is ``anychip conformance --device DEV`` and ``pytest --anychip-device=DEV``.
 
 This package is imported by the pytest plugin in every pytest run, so it imports nothing
@@ -21,11 +23,12 @@ from contextlib import contextmanager
 
 from .result import FAIL, FALLBACK, NOT_DECLARED, PASS, SKIPPED, Result
 
-SECTIONS = ("runtime", "op", "e2e")
+SECTIONS = ("runtime", "op", "e2e", "collectives")
+DEFAULT_SECTIONS = ("runtime", "op", "e2e")
 ENTRY_POINT_GROUP = "anychip.conformance"
 
-__all__ = ["ENTRY_POINT_GROUP", "FAIL", "FALLBACK", "NOT_DECLARED", "PASS", "SECTIONS", "SKIPPED", "Result",
-           "check_sections", "e2e_checks", "run", "run_e2e", "run_runtime"]
+__all__ = ["DEFAULT_SECTIONS", "ENTRY_POINT_GROUP", "FAIL", "FALLBACK", "NOT_DECLARED", "PASS", "SECTIONS", "SKIPPED",
+           "Result", "check_sections", "e2e_checks", "run", "run_collectives", "run_e2e", "run_runtime"]
 
 
 def check_sections(sections) -> tuple[str, ...]:
@@ -61,6 +64,17 @@ def run_runtime(device: str) -> list[Result]:
         return _checked("runtime", "runtime_contract", runtime_contract.run(device))
     except Exception as exc:  # noqa: BLE001 - reported as a failure
         return [_failure("runtime", "runtime_contract", "the runtime contract checks", exc)]
+
+
+def run_collectives(device: str) -> list[Result]:
+    """The collectives checks (one SKIPPED result for a plugin without collectives); one that
+    cannot run at all is a FAIL, never a crash."""
+    try:
+        from . import collectives
+
+        return _checked("collectives", "collectives", collectives.run(device))
+    except Exception as exc:  # noqa: BLE001 - reported as a failure
+        return [_failure("collectives", "collectives", "the collectives checks", exc)]
 
 
 def e2e_checks() -> list:
@@ -103,7 +117,7 @@ def _terminal_stderr(wanted: bool):
         yield stream
 
 
-def run(device: str, ops=None, dtypes=None, sections=SECTIONS, progress: bool = True):
+def run(device: str, ops=None, dtypes=None, sections=DEFAULT_SECTIONS, progress: bool = True):
     """Runs the chosen ``sections`` on ``device`` ("npu", "npu:1") and returns a
     :class:`~anychip.conformance.report.Report`. ``ops`` and ``dtypes`` limit the op checks.
     Progress goes to stderr (with tqdm, when that is a terminal). Raises ValueError for an
@@ -119,6 +133,7 @@ def run(device: str, ops=None, dtypes=None, sections=SECTIONS, progress: bool = 
     entry_points = e2e_checks() if "e2e" in sections else []
     steps = ([("runtime", None)] if "runtime" in sections else []) + [("op", p) for p in pairs]
     steps += [("e2e", ep) for ep in entry_points]
+    steps += [("collectives", None)] if "collectives" in sections else []
     results: list[Result] = []
     with _terminal_stderr(progress) as stream, tqdm(steps, desc=f"conformance {device}", unit="check", file=stream,
                                                     disable=None if progress else True) as bar:
@@ -126,6 +141,9 @@ def run(device: str, ops=None, dtypes=None, sections=SECTIONS, progress: bool = 
             if section == "runtime":
                 bar.set_postfix_str("runtime contract")
                 results += run_runtime(device)
+            elif section == "collectives":
+                bar.set_postfix_str("collectives")
+                results += run_collectives(device)
             elif section == "op":
                 bar.set_postfix_str(" ".join(what))
                 results += check_op(device, *what)

@@ -22,7 +22,8 @@ from .result import FAIL, FALLBACK, NOT_DECLARED, PASS, SKIPPED, STATUSES, Resul
 
 DIRECTIONS = ("fwd", "bwd")
 NOT_PART = "·"
-SECTION_TITLES = {"runtime": "Runtime contract (device.h)", "e2e": "End to end"}
+SECTION_TITLES = {"runtime": "Runtime contract (device.h)", "e2e": "End to end",
+                  "collectives": "Collectives (device.h ABI 1.2)"}
 LEGEND = (f"pass: within the op's tolerance of its reference | FAIL <max |error|>: out of tolerance or raised | "
           f"fallback: the reference ran on the device instead of a kernel | —: no kernel declared for that dtype | "
           f"{NOT_PART}: not part of the op")
@@ -153,10 +154,11 @@ class Report:
             if not checks:
                 continue
             lines.append(title)
-            width = max(len(r.name) for r in checks)
-            for r in checks:
+            names = [" ".join(x for x in (r.name, r.dtype) if x) for r in checks]
+            width = max(map(len, names))
+            for name, r in zip(names, checks):
                 error = "" if r.max_error is None else f" {r.max_error:.1e}"
-                lines.append(f"  {r.name.ljust(width)}  {'FAIL' + error if r.failed else r.status}")
+                lines.append(f"  {name.ljust(width)}  {'FAIL' + error if r.failed else r.status}")
             lines.append("")
         for status, title in ((FAIL, "Failures"), (FALLBACK, "Fallbacks"), (SKIPPED, "Skipped")):
             noted = self._notes(status)
@@ -194,7 +196,8 @@ class Report:
             if not checks:
                 continue
             out += [f"## {title}", "", "| check | status | max error | detail |", "|---|---|---|---|"]
-            out += [f"| {esc(r.name)} | {r.status} | {'' if r.max_error is None else f'{r.max_error:.1e}'} | "
+            out += [f"| {esc(' '.join(x for x in (r.name, r.dtype) if x))} | {r.status} | "
+                    f"{'' if r.max_error is None else f'{r.max_error:.1e}'} | "
                     f"{esc(r.detail)} |" for r in checks]
             out.append("")
         for status, title in ((FAIL, "Failures"), (FALLBACK, "Fallbacks"), (SKIPPED, "Skipped"),
