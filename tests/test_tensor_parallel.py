@@ -149,3 +149,55 @@ def test_bad_degrees_are_refused(model_dir, data, tmp_path):
     heads = finetune(model_dir, data, tmp_path / "c", "--nproc", 3, "--tensor-parallel", 3)
     assert heads.returncode != 0
     assert "--tensor-parallel 3 must divide the model's attention heads (4)" in heads.stdout + heads.stderr
+
+
+def _processes_naming(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmdline:
+                found.append(int(entry.name))
+    return found
+
+
+def test_serve_split_two_ways_answers_as_one_device_and_stops_whole(model_dir):
+    """Rank 0 serves HTTP and drives rank 1 through every prefill and decode step; concurrent
+    requests come back with one device's greedy text; stopping the server ends every rank."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from serve_helpers import Server
+
+    prompts = ["The capital of France is", "Say hello.", "Count from one."]
+    expected = []
+    for prompt in prompts:
+        one = run_anychip("generate", "--model", model_dir, "--raw", prompt, "--max-new-tokens", 10, "--json",
+                          "--device", "npu")
+        assert one.returncode == 0, one.stderr
+        expected.append(json.loads(one.stdout)["completions"][0]["text"])
+    marker = str(model_dir)
+    with Server(model_dir, "npu", "--nproc", 2, "--tensor-parallel", 2, "--max-batch", 4,
+                env={"ANYCHIP_STRICT": "1"}) as server:
+        assert server.get("/health")["device"] == "npu:0"
+
+        def complete(prompt: str) -> str:
+            import urllib.request
+
+            body = json.dumps({"model": Path(model_dir).name, "prompt": prompt, "max_tokens": 10, "temperature": 0}).encode()
+            request = urllib.request.Request(server.url + "/v1/completions", body, {"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=120) as r:
+                return json.loads(r.read())["choices"][0]["text"]
+
+        with ThreadPoolExecutor(3) as pool:
+            got = list(pool.map(complete, prompts))
+        assert got == expected
+        assert len(_processes_naming(marker)) >= 3  # the command, and its two ranks
+    import time
+
+    deadline = time.monotonic() + 30
+    while _processes_naming(marker) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _processes_naming(marker), "ranks outlived the server"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
-from .session import (add_model_flags, add_sampling_flags, launch_tensor_parallel, open_session, prompt_ids,
-                      sampling_params, utf8_text)
+from .session import (add_model_flags, add_parallel_flags, add_sampling_flags, launch_tensor_parallel, open_session,
+                      prompt_ids, sampling_params, utf8_text)
 
 
 def add_parser(sub, common):
@@ -22,13 +22,7 @@ def add_parser(sub, common):
                    help="print one JSON object with the texts, token counts and timings instead of plain text")
     add_model_flags(p)
     add_sampling_flags(p)
-    g = p.add_argument_group("tensor parallelism")
-    g.add_argument("--nproc", type=int, default=1, metavar="N",
-                   help="run as N ranks under paddle.distributed.launch, rank r on device r of --device's chip "
-                        "(with --tensor-parallel N)")
-    g.add_argument("--tensor-parallel", type=int, default=1, metavar="K",
-                   help="split the model across K ranks (attention by heads, the MLP by its inner features, the "
-                        "vocabulary in chunks; float weights); rank 0 prints the text")
+    add_parallel_flags(p, "rank 0 prints the text")
 
 
 def run(args) -> int:

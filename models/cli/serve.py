@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ..serving.limits import BODY_BYTES_PER_TOKEN, MIN_MAX_BODY_BYTES, default_max_body_bytes
-from .session import add_model_flags, open_session
+from .session import add_model_flags, add_parallel_flags, launch_tensor_parallel, open_session
 
 
 def add_parser(sub, common):
@@ -46,6 +46,7 @@ def add_parser(sub, common):
     p.add_argument("--served-name", metavar="NAME", help="the model id clients send (default: the --model value)")
     p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn's log level (default warning)")
+    add_parallel_flags(p, "rank 0 runs the engine and the HTTP server, the others follow its every step")
 
 
 def run(args) -> int:
@@ -60,10 +61,20 @@ def run(args) -> int:
     body_cap = default_max_body_bytes(args.max_len or 1024) if args.max_body_bytes is None else args.max_body_bytes
     server_config = ServerConfig(bind_host=args.host, allowed_origins=set(args.allowed_origins.split(",")),
                                  api_key=args.api_key or None, max_body_bytes=body_cap)
+    if (status := launch_tensor_parallel(args)) is not None:
+        return status
     session = open_session(args)
     model = session.generator.model
     config = EngineConfig(max_batch=args.max_batch, max_len=args.max_len or min(1024, model.context),
                           max_tokens_in_flight=args.max_tokens_in_flight, max_queue=args.max_queue)
+    if model.tp is not None:
+        from ..serving.lockstep import LeaderModel, follow
+
+        if not session.main:  # a tensor-parallel rank other than 0: rank 0's engine drives it
+            config.validate(model.context)
+            follow(model, model.new_cache(config.max_batch, config.max_len))
+            return 0
+        model = LeaderModel(model)
     engine = Engine(model, session.tokenizer, config, fused=session.generator.fused)
     name = args.served_name or (Path(args.model).name if Path(args.model).exists() else args.model)
     served = ServedModel(name, {session.model_name, args.model}, session.device, session.simulated, session.weights)
@@ -75,4 +86,6 @@ def run(args) -> int:
         uvicorn.run(create_app(engine, served, server_config), host=args.host, port=args.port, log_level=args.log_level)
     finally:
         engine.stop()
+        if hasattr(model, "stop"):  # the followers of a tensor-parallel engine end with it
+            model.stop()
     return 0

@@ -84,6 +84,17 @@ class Session:
     main: bool = True  # False on the ranks of a tensor-parallel job other than rank 0
 
 
+def add_parallel_flags(p, what: str) -> None:
+    """--nproc and --tensor-parallel of the commands that run a model split across ranks."""
+    g = p.add_argument_group("tensor parallelism")
+    g.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="run as N ranks under paddle.distributed.launch, rank r on device r of --device's chip "
+                        "(with --tensor-parallel N)")
+    g.add_argument("--tensor-parallel", type=int, default=1, metavar="K",
+                   help="split the model across K ranks (attention by heads, the MLP by its inner features, the "
+                        f"vocabulary in chunks; float weights; decoding op by op); {what}")
+
+
 def launch_tensor_parallel(args) -> int | None:
     """With ``--nproc N`` (N > 1) in a process that is not one of the ranks yet: checks the flags
     and runs this command as N tensor-parallel ranks, returning their exit status; else None.
@@ -112,7 +123,7 @@ def launch_tensor_parallel(args) -> int | None:
 
         require_ranks(chip, nproc)
     argv = list(args.argv)
-    if args.seed is None:
+    if hasattr(args, "seed") and args.seed is None:  # (serve: each request brings its own seed)
         argv += ["--seed", str(random.SystemRandom().randrange(2**31))]
     return distributed.launch(argv, nproc, chip)
 

@@ -13,6 +13,7 @@ the one a single device computes for the same global batch.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -88,7 +89,16 @@ def launch(argv: list[str], nproc: int, chip: str) -> int:
     command = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc), "--log_dir", logs,
                # not a .py file: the launcher runs it as given, the anychip command line
                sys.executable, "-m", "anychip.cli.main", *without_nproc(argv)]
-    status = subprocess.call(command, env=env)
+    # Paddle's launcher ends its ranks when it gets SIGTERM or SIGINT: pass ours on, so that
+    # stopping this process (a server's supervisor does) never leaves ranks behind.
+    launcher = subprocess.Popen(command, env=env)
+    forward = {sig: signal.signal(sig, lambda number, _frame: launcher.send_signal(number))
+               for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        status = launcher.wait()
+    finally:
+        for sig, handler in forward.items():
+            signal.signal(sig, handler)
     if status != 0:
         print(f"anychip: a rank failed (exit {status}); every rank's log is in {logs}", file=sys.stderr)
     return status
