@@ -201,3 +201,14 @@ def test_serve_split_two_ways_answers_as_one_device_and_stops_whole(model_dir):
     while _processes_naming(marker) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not _processes_naming(marker), "ranks outlived the server"
+
+
+def test_bfloat16_matmuls_split_two_ways_stay_within_their_rounding(model_dir, data, tmp_path):
+    """--compute-dtype bfloat16: a row-parallel product sums two bfloat16 halves in float32, so the
+    losses move by bfloat16's rounding, no more."""
+    bf16 = ["--lora", "--compute-dtype", "bfloat16"]
+    one = finetune(model_dir, data, tmp_path / "one", *bf16)
+    assert one.returncode == 0, one.stderr
+    two = finetune(model_dir, data, tmp_path / "two", "--nproc", 2, "--tensor-parallel", 2, *bf16)
+    assert two.returncode == 0, two.stderr + two.stdout
+    np.testing.assert_allclose(losses(tmp_path / "two"), losses(tmp_path / "one"), rtol=1e-3)
