@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 
 from .llama import LlamaForCausalLM, paddle
-from .sampling import SamplingParams, sample
+from .sampling import SamplingParams, TokenLogprob, sample
 from anychip.ops.dispatch import place
 
 
@@ -21,6 +21,8 @@ class Completion:
     tokens: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str = ""  # "stop" (EOS or a stop string) or "length"
+    logprobs: list[TokenLogprob] = field(default_factory=list)         # one per token, when asked for
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # prompt tokens 1.. (echo)
 
 
 @dataclass

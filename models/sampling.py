@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs allows
+
 
 @dataclass
 class SamplingParams:
@@ -20,6 +22,8 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     ignore_eos: bool = False
+    logprobs: int | None = None         # the chosen token's log-probability and this many alternatives
+    prompt_logprobs: int | None = None  # the same for every prompt token after the first (echo)
 
     def validate(self) -> None:
         checks = [
@@ -31,10 +35,38 @@ class SamplingParams:
             (all(self.stop), "stop strings must not be empty", self.stop),
             (self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool) and self.seed >= 0),
              "seed must be a non-negative integer or None", self.seed),
+            (self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+             f"logprobs must be None or 0..{MAX_LOGPROBS}", self.logprobs),
+            (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
+             f"prompt_logprobs must be None or 0..{MAX_LOGPROBS}", self.prompt_logprobs),
         ]
         for ok, message, value in checks:
             if not ok:
                 raise ValueError(f"{message}, got {value!r}")
+
+
+@dataclass
+class TokenLogprob:
+    """A token's log-probability under the model (its raw distribution: before temperature, top-k,
+    top-p and the repetition penalty, as vLLM and OpenAI report it) and the ``top`` most likely
+    tokens with theirs, most likely first."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+def token_logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
+    """``token``'s entry from one row of logits [V]."""
+    x = logits.astype(np.float64)
+    peak = x.max()
+    lp = x - (peak + np.log(np.exp(x - peak).sum()))
+    best = []
+    if top:
+        ids = np.argpartition(-lp, top - 1)[:top]
+        ids = ids[np.argsort(-lp[ids], kind="stable")]
+        best = [(int(i), float(lp[i])) for i in ids]
+    return TokenLogprob(int(token), float(lp[token]), best)
 
 
 def apply_repetition_penalty(logits: np.ndarray, seen: list[int], penalty: float) -> np.ndarray:

@@ -56,6 +56,22 @@ PRE_TOKENIZERS = {
     "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2, "stablelm2": _QWEN2, "megrez": _QWEN2,
 }
 
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet: the character that spells each byte, inverted."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) \
+        + list(range(ord("\xae"), ord("\xff") + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTE_OF_CHAR = _byte_level_alphabet()
+
 # A marker no chat template alters, to find what a template writes after an assistant turn.
 _PROBE = "AnychipProbe7"
 
@@ -231,6 +247,17 @@ class Tokenizer:
 
     def decode(self, ids, skip_special: bool = True) -> str:
         return self._backend.decode([int(i) for i in ids], skip_special_tokens=skip_special)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes token ``token_id`` stands for (byte-level BPE spells each byte as one printable
+        character; a token may hold part of a UTF-8 character), as OpenAI's logprobs give them."""
+        piece = self._backend.id_to_token(int(token_id))
+        if piece is None:
+            return b""
+        try:
+            return bytes(_BYTE_OF_CHAR[c] for c in piece)
+        except KeyError:  # not a byte-level spelling (an added token written as itself)
+            return piece.encode("utf-8")
 
     def stream_decoder(self, skip_special: bool = True) -> StreamDecoder:
         return StreamDecoder(self, skip_special)

@@ -203,7 +203,7 @@ def post(server, path: str, data: bytes | dict, method: str = "POST") -> tuple[i
     ({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, 400, "temperature", None),
     ({"messages": [{"role": "user", "content": "hi"}], "top_p": 0}, 400, "top_p", None),
     ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "ten"}, 400, "max_tokens", None),
-    ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n", None),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 17}, 400, "n", None),
     ({"messages": [{"role": "user", "content": "hi"}], "ignore_eos": "yes"}, 400, "ignore_eos", None),
     ({"messages": [{"role": "user", "content": "hi"}], "stream": 1}, 400, "stream", None),
     ({"messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", None),

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..generate import Completion, Sequence
 from ..llama import LlamaForCausalLM, paddle
-from ..sampling import SamplingParams, sample
+from ..sampling import SamplingParams, sample, token_logprob
 from anychip.ops.dispatch import place
 
 
@@ -70,6 +70,7 @@ class Event:
     text: str = ""
     completion: Completion | None = None
     error: str = ""
+    logprobs: list = field(default_factory=list)  # TokenLogprobs of the tokens since the last event
 
 
 @dataclass
@@ -102,6 +103,7 @@ class _Running:
         self.handle, self.row = handle, row
         self.seq = Sequence(handle.prompt, tokenizer, handle.params)
         self.rng = np.random.default_rng(handle.params.seed)
+        self.unsent: list = []  # token logprobs not yet in an event
 
     @property
     def position(self) -> int:
@@ -285,9 +287,11 @@ class Engine:
 
     def _prefill_groups(self, admitted: list[_Running]) -> list[list[_Running]]:
         """The admitted requests in passes of at most ``prefill_tokens`` padded tokens (a prompt
-        longer than that goes alone)."""
-        groups, group = [], []
-        for request in sorted(admitted, key=lambda r: len(r.handle.prompt)):
+        longer than that goes alone, as does one that wants its prompt's log-probabilities: its
+        pass returns every position's logits)."""
+        groups, group = [[r] for r in admitted if r.handle.params.prompt_logprobs is not None], []
+        for request in sorted((r for r in admitted if r.handle.params.prompt_logprobs is None),
+                              key=lambda r: len(r.handle.prompt)):
             width = len(request.handle.prompt)  # sorted: the longest so far
             if group and (len(group) + 1) * width > self.config.prefill_tokens:
                 groups.append(group)
@@ -303,9 +307,18 @@ class Engine:
             ids[i, :lengths[i]] = r.handle.prompt
         positions = np.broadcast_to(np.arange(width, dtype=np.int64), ids.shape).copy()
         start = time.perf_counter()
-        logits = self.model(self._tensor(ids), self._tensor(positions), self.cache,
-                            last_index=self._tensor(np.array(lengths, dtype=np.int64) - 1),
-                            cache_rows=[r.row for r in group]).numpy()
+        wanted = group[0].handle.params.prompt_logprobs  # such a request is prefilled alone
+        if wanted is not None:
+            every = self.model(self._tensor(ids), self._tensor(positions), self.cache,
+                               cache_rows=[group[0].row]).numpy()[0]
+            prompt = group[0].handle.prompt
+            group[0].seq.out.prompt_logprobs = [token_logprob(every[i - 1], prompt[i], wanted)
+                                                for i in range(1, len(prompt))]
+            logits = every[-1:]
+        else:
+            logits = self.model(self._tensor(ids), self._tensor(positions), self.cache,
+                                last_index=self._tensor(np.array(lengths, dtype=np.int64) - 1),
+                                cache_rows=[r.row for r in group]).numpy()
         self.metrics.prefill_s += time.perf_counter() - start
         self.metrics.prompt_tokens += sum(lengths)
         for request, row in zip(group, logits):
@@ -348,8 +361,13 @@ class Engine:
         before = len(seq.out.tokens)
         seq.add(token)
         self.metrics.completion_tokens += len(seq.out.tokens) - before
+        if handle.params.logprobs is not None and len(seq.out.tokens) > before:
+            entry = token_logprob(logits, token, handle.params.logprobs)
+            seq.out.logprobs.append(entry)
+            request.unsent.append(entry)
         if (piece := seq.new_text()) and not handle.cancelled:
-            handle.on_event(Event("text", text=piece))
+            handle.on_event(Event("text", text=piece, logprobs=request.unsent))
+            request.unsent = []
         if seq.done:
             self._finish(request)
 
@@ -369,7 +387,7 @@ class Engine:
             self._count("cancelled")
         else:
             self._count(request.seq.out.finish_reason)
-            _notify(handle, Event("done", completion=request.seq.out))
+            _notify(handle, Event("done", completion=request.seq.out, logprobs=request.unsent))
 
     def _count(self, outcome: str) -> None:
         self.metrics.requests[outcome] = self.metrics.requests.get(outcome, 0) + 1

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import jinja2
 
-from ..sampling import SamplingParams
+from ..sampling import MAX_LOGPROBS, SamplingParams, TokenLogprob
 
 MAX_STOP = 4  # as OpenAI's API
 
@@ -36,6 +36,10 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
+MAX_N = 16               # choices per request
+MAX_COMPLETION_LOGPROBS = 5  # /v1/completions' logprobs, as OpenAI's API
+
+
 @dataclass
 class ParsedRequest:
     prompt: list[int]
@@ -43,6 +47,8 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     max_tokens_given: bool
+    n: int = 1
+    echo: str | None = None  # /v1/completions with echo: the prompt's text, put before each choice's
 
 
 def _number(body: dict, name: str, default, low=None, high=None, integer=False, low_open=False):
@@ -146,14 +152,20 @@ def parse(body, kind: str, tokenizer, max_len: int) -> ParsedRequest:
         else:
             raise APIError(400, "prompt must be a non-empty string or a list of token ids (one prompt per request)",
                            "prompt")
-        if body.get("echo"):
-            raise APIError(400, "echo is not supported", "echo")
-    _number(body, "n", 1, low=1, high=1, integer=True)  # one choice per request
+    n = _number(body, "n", 1, low=1, high=MAX_N, integer=True)
     for name in ("presence_penalty", "frequency_penalty"):
         if _number(body, name, 0) != 0:
             raise APIError(400, f"{name} is not supported; use repetition_penalty", name)
-    if body.get("logprobs") not in (None, False, 0):
-        raise APIError(400, "logprobs are not supported", "logprobs")
+    echo = None
+    if kind == "chat":
+        logprobs = _number(body, "top_logprobs", 0, low=0, high=MAX_LOGPROBS, integer=True) \
+            if _flag(body, "logprobs") else None
+        if logprobs is None and body.get("top_logprobs") is not None:
+            raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+    else:
+        logprobs = _number(body, "logprobs", None, low=0, high=MAX_COMPLETION_LOGPROBS, integer=True)
+        if _flag(body, "echo"):
+            echo = raw if isinstance(raw, str) else tokenizer.decode(prompt, skip_special=False)
     given = body.get("max_completion_tokens", body.get("max_tokens"))
     name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
     room = max_len - len(prompt)
@@ -166,6 +178,8 @@ def parse(body, kind: str, tokenizer, max_len: int) -> ParsedRequest:
         raise APIError(400, f"the prompt ({len(prompt)} tokens) plus {name} ({max_tokens}) exceeds the "
                             f"{max_len} tokens this server holds per request", name, "context_length_exceeded")
     stream = _flag(body, "stream")
+    if stream and echo is not None and logprobs is not None:
+        raise APIError(400, "echo with logprobs is not streamed; pass stream: false", "stream")
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise APIError(400, "stream_options must be an object", "stream_options")
@@ -178,15 +192,18 @@ def parse(body, kind: str, tokenizer, max_len: int) -> ParsedRequest:
         stop=_stop(body),
         seed=_number(body, "seed", None, low=0, high=2**64 - 1, integer=True),
         ignore_eos=_flag(body, "ignore_eos"),  # vLLM's extension: benchmarks want fixed lengths
+        logprobs=logprobs,
+        prompt_logprobs=logprobs if echo is not None else None,
     )
-    return ParsedRequest(prompt, params, stream, bool(options.get("include_usage")), given is not None)
+    return ParsedRequest(prompt, params, stream, bool(options.get("include_usage")), given is not None, n, echo)
 
 
 class Shaper:
-    """Builds one request's response objects: ``chat`` ones or ``completion`` ones."""
+    """Builds one request's response objects: ``chat`` ones or ``completion`` ones, with the
+    tokens' log-probabilities in the kind's own shape where they were asked for."""
 
-    def __init__(self, kind: str, model: str, fingerprint: str):
-        self.kind, self.model, self.fingerprint = kind, model, fingerprint
+    def __init__(self, kind: str, model: str, fingerprint: str, tokenizer=None, echo: str | None = None):
+        self.kind, self.model, self.fingerprint, self.tokenizer, self.echo = kind, model, fingerprint, tokenizer, echo
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
 
@@ -200,24 +217,63 @@ class Shaper:
         return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens}
 
-    def full(self, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> dict:
-        if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": finish_reason}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        return {**self._base(False), "choices": [choice], "usage": self.usage(prompt_tokens, completion_tokens)}
+    # ---- log-probabilities ---------------------------------------------------------------------
 
-    def chunk(self, text: str | None = None, finish_reason: str | None = None, first: bool = False) -> dict:
+    def _token(self, token_id: int) -> tuple[str, list[int]]:
+        raw = self.tokenizer.token_bytes(token_id)
+        return raw.decode("utf-8", errors="replace"), list(raw)
+
+    def logprobs(self, entries: list[TokenLogprob] | None, prompt: list[TokenLogprob] | None = None,
+                 first_prompt_token: int | None = None, offset: int = 0):
+        """``entries`` (None: not asked for) as the kind shows them. Completions: ``prompt`` (echo)
+        goes first, its first token (``first_prompt_token``) without a log-probability, and
+        ``text_offset`` counts from ``offset`` characters."""
+        if entries is None:
+            return None
+        if self.kind == "chat":
+            content = []
+            for e in entries:
+                text, raw = self._token(e.token)
+                top = []
+                for token, lp in e.top:
+                    t, b = self._token(token)
+                    top.append({"token": t, "logprob": lp, "bytes": b})
+                content.append({"token": text, "logprob": e.logprob, "bytes": raw, "top_logprobs": top})
+            return {"content": content, "refusal": None}
+        tokens, token_logprobs, tops, offsets = [], [], [], []
+        rows = ([(first_prompt_token, None)] if first_prompt_token is not None else []) + \
+            [(e.token, e) for e in (prompt or []) + entries]
+        for token, e in rows:
+            text = self._token(token)[0]
+            tokens.append(text)
+            token_logprobs.append(None if e is None else e.logprob)
+            tops.append(None if e is None else {self._token(t)[0]: lp for t, lp in e.top})
+            offsets.append(offset)
+            offset += len(text)
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+    # ---- objects -------------------------------------------------------------------------------
+
+    def choice(self, index: int, text: str, finish_reason: str, logprobs=None) -> dict:
+        if self.kind == "chat":
+            return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+                    "finish_reason": finish_reason}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+    def full(self, choices: list[dict], prompt_tokens: int, completion_tokens: int) -> dict:
+        return {**self._base(False), "choices": choices, "usage": self.usage(prompt_tokens, completion_tokens)}
+
+    def chunk(self, text: str | None = None, finish_reason: str | None = None, first: bool = False, index: int = 0,
+              logprobs=None) -> dict:
         if self.kind == "chat":
             delta = {}
             if first:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
         return {**self._base(True), "choices": [choice]}
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:

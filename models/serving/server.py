@@ -11,6 +11,7 @@ goes away cancels its request, which frees its cache row at the engine's next st
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,29 +91,39 @@ def create_app(engine: Engine, served: ServedModel, config: ServerConfig | None 
                 check_model(body, served.id, names)
             parsed = parse(body, kind, engine.tokenizer, engine.config.max_len)
             loop = asyncio.get_running_loop()
-            events: asyncio.Queue[Event] = asyncio.Queue()
+            events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
 
-            def deliver(event: Event) -> None:
-                try:
-                    loop.call_soon_threadsafe(events.put_nowait, event)
-                except RuntimeError:  # the loop has closed: nobody is listening
-                    pass
+            def deliverer(index: int):
+                def deliver(event: Event) -> None:
+                    try:
+                        loop.call_soon_threadsafe(events.put_nowait, (index, event))
+                    except RuntimeError:  # the loop has closed: nobody is listening
+                        pass
+                return deliver
 
+            handles = []
             try:
-                handle = engine.submit(parsed.prompt, parsed.params, deliver)
-            except RequestTooLong as e:
-                raise APIError(400, str(e), code="context_length_exceeded") from None
-            except EngineBusy as e:
-                raise APIError(503, str(e), code="overloaded", kind="server_error") from None
-            except ValueError as e:
+                for index in range(parsed.n):  # n choices: n requests, the seed (if any) stepped per choice
+                    params = parsed.params
+                    if index and params.seed is not None:
+                        params = dataclasses.replace(params, seed=(params.seed + index) % 2**64)
+                    handles.append(engine.submit(parsed.prompt, params, deliverer(index)))
+            except (RequestTooLong, EngineBusy, ValueError) as e:
+                for handle in handles:
+                    handle.cancel()
+                if isinstance(e, RequestTooLong):
+                    raise APIError(400, str(e), code="context_length_exceeded") from None
+                if isinstance(e, EngineBusy):
+                    raise APIError(503, str(e), code="overloaded", kind="server_error") from None
                 raise APIError(400, str(e)) from None
         except APIError as e:
             return refuse(e)
-        shaper = Shaper(kind, served.id, served.fingerprint)
+        shaper = Shaper(kind, served.id, served.fingerprint, engine.tokenizer, parsed.echo)
+        reply = _Reply(handles, shaper, parsed)
         if parsed.stream:
-            return StreamingResponse(_stream(handle, events, shaper, parsed.include_usage),
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        return await _collect(request, handle, events, shaper)
+            return StreamingResponse(_stream(reply, events), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return await _collect(request, reply, events)
 
     async def chat_completions(request: Request):
         return await completions(request, "chat")
@@ -171,9 +182,46 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _collect(request: Request, handle, events: asyncio.Queue, shaper: Shaper) -> JSONResponse:
-    """Waits for the whole completion, cancelling it if the client disconnects meanwhile."""
-    parts = []
+class _Reply:
+    """One request's choices as their events arrive: their text, their log-probabilities, and how
+    each ended."""
+
+    def __init__(self, handles: list, shaper: Shaper, parsed):
+        self.handles, self.shaper, self.parsed = handles, shaper, parsed
+        self.parts = [[] for _ in handles]
+        self.entries = [[] for _ in handles]
+        self.done = [None] * len(handles)
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.parsed.params.logprobs is not None
+
+    def cancel(self) -> None:
+        for handle in self.handles:
+            handle.cancel()
+
+    def echoed(self, completion) -> dict:
+        """The echoed prompt's logprobs fields (completions with echo), for a choice's first piece."""
+        prompt = self.parsed.prompt
+        return dict(prompt=completion.prompt_logprobs, first_prompt_token=prompt[0])
+
+    def full(self) -> dict:
+        shaper, echo = self.shaper, self.parsed.echo
+        choices, completion_tokens = [], 0
+        for index, c in enumerate(self.done):
+            text = "".join(self.parts[index])
+            logprobs = None
+            if self.wants_logprobs:
+                extra = self.echoed(c) if echo is not None else {}
+                logprobs = shaper.logprobs(c.logprobs, **extra)
+            choices.append(shaper.choice(index, (echo or "") + text, c.finish_reason, logprobs))
+            completion_tokens += len(c.tokens)
+        return shaper.full(choices, self.done[0].prompt_tokens, completion_tokens)
+
+
+async def _collect(request: Request, reply: _Reply, events: asyncio.Queue) -> JSONResponse:
+    """Waits for every choice's whole completion, cancelling them if the client disconnects
+    meanwhile."""
     gone = asyncio.ensure_future(_disconnected(request))
     try:
         while True:
@@ -181,47 +229,61 @@ async def _collect(request: Request, handle, events: asyncio.Queue, shaper: Shap
             await asyncio.wait({got, gone}, return_when=asyncio.FIRST_COMPLETED)
             if not got.done():
                 got.cancel()
-                handle.cancel()
+                reply.cancel()
                 return JSONResponse({}, status_code=499)
-            event = got.result()
+            index, event = got.result()
             if event.kind == "text":
-                parts.append(event.text)
+                reply.parts[index].append(event.text)
             elif event.kind == "error":
+                reply.cancel()
                 return _error(APIError(500, event.error, code="generation_failed", kind="server_error"))
             else:
-                c = event.completion
-                return JSONResponse(shaper.full("".join(parts), c.finish_reason, c.prompt_tokens, len(c.tokens)))
+                reply.done[index] = event.completion
+                if all(c is not None for c in reply.done):
+                    return JSONResponse(reply.full())
     except asyncio.CancelledError:
-        handle.cancel()
+        reply.cancel()
         raise
     finally:
         gone.cancel()
 
 
-async def _stream(handle, events: asyncio.Queue, shaper: Shaper, include_usage: bool):
-    """Server-sent events as OpenAI sends them; closing the stream early cancels the request."""
+async def _stream(reply: _Reply, events: asyncio.Queue):
+    """Server-sent events as OpenAI sends them (each choice's chunks carry its index); closing
+    the stream early cancels the request."""
+    shaper, parsed = reply.shaper, reply.parsed
     finished = False
+    offsets = [len(parsed.echo or "")] * len(reply.handles)  # text_offset of each choice's next token
     try:
-        yield _sse(shaper.chunk(text="" if shaper.kind == "chat" else None, first=True))
+        for index in range(len(reply.handles)):
+            yield _sse(shaper.chunk(text="" if shaper.kind == "chat" else parsed.echo, first=True, index=index))
         while True:
-            event = await events.get()
-            if event.kind == "text":
-                yield _sse(shaper.chunk(text=event.text))
-            elif event.kind == "error":
+            index, event = await events.get()
+            if event.kind == "error":
                 finished = True
                 yield _sse(APIError(500, event.error, code="generation_failed", kind="server_error").body())
                 break
-            else:
+            logprobs = None
+            if reply.wants_logprobs and (event.logprobs or event.kind == "done"):
+                logprobs = shaper.logprobs(event.logprobs, offset=offsets[index])
+                if shaper.kind != "chat":
+                    offsets[index] += sum(len(t) for t in logprobs["tokens"])
+                reply.entries[index].extend(event.logprobs)
+            if event.kind == "text":
+                yield _sse(shaper.chunk(text=event.text, index=index, logprobs=logprobs))
+                continue
+            c = event.completion
+            reply.done[index] = c
+            yield _sse(shaper.chunk(finish_reason=c.finish_reason, index=index, logprobs=logprobs))
+            if all(d is not None for d in reply.done):
                 finished = True
-                c = event.completion
-                yield _sse(shaper.chunk(finish_reason=c.finish_reason))
-                if include_usage:
-                    yield _sse(shaper.usage_chunk(c.prompt_tokens, len(c.tokens)))
+                if parsed.include_usage:
+                    yield _sse(shaper.usage_chunk(c.prompt_tokens, sum(len(d.tokens) for d in reply.done)))
                 break
         yield "data: [DONE]\n\n"
     finally:
         if not finished:
-            handle.cancel()
+            reply.cancel()
 
 
 def render_metrics(engine: Engine, served: ServedModel, rejected: dict[int, int]) -> str:
