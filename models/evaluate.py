@@ -65,3 +65,43 @@ def decode_perplexity(model: LlamaForCausalLM, ids: list[int], window: int = 512
         return np.stack(logits)
 
     return _windowed(ids, window, logits_of, progress)
+
+
+def choice_logliks(model: LlamaForCausalLM, tokenizer, context: str, choices: list[str],
+                   delimiter: str = " ") -> list[float]:
+    """log p(delimiter + choice | context) for each choice, summed over the choice's tokens, as
+    lm-evaluation-harness scores a multiple-choice item: the context's trailing spaces move to
+    the continuation, the pair is tokenized whole and the continuation is the tokens after the
+    context's own."""
+    dev = place(model.device)
+    out = []
+    for choice in choices:
+        continuation = delimiter + choice
+        stripped = context.rstrip(" ")
+        continuation = context[len(stripped):] + continuation
+        context_ids = tokenizer.encode(stripped, add_bos=tokenizer.add_bos) if stripped else (
+            [tokenizer.bos_id] if tokenizer.add_bos and tokenizer.bos_id is not None else [])
+        whole = tokenizer.encode(stripped + continuation, add_bos=tokenizer.add_bos)
+        start = len(context_ids)
+        if start < 1 or start >= len(whole):
+            raise ValueError(f"cannot score {choice!r} after {context[:40]!r}: the context must be at least one token "
+                             "and the choice add at least one")
+        inputs = np.asarray(whole[:-1], dtype=np.int64)
+        with paddle.no_grad():
+            logits = model(paddle.to_tensor(inputs[None], place=dev),
+                           paddle.to_tensor(np.arange(len(inputs), dtype=np.int64)[None], place=dev)).numpy()[0]
+        targets = np.asarray(whole[start:], dtype=np.int64)
+        out.append(-_nll(logits[start - 1:], targets))
+    return out
+
+
+def multiple_choice(model: LlamaForCausalLM, tokenizer, items: list[dict], progress=None) -> dict:
+    """Accuracy over ``items`` ({"context", "choices", "answer"}): an item is right when its answer
+    has the highest log-likelihood. Returns the accuracy and each item's log-likelihoods."""
+    scored = []
+    for item in items:
+        scored.append(choice_logliks(model, tokenizer, item["context"], item["choices"]))
+        if progress is not None:
+            progress(1)
+    right = [int(np.argmax(s)) == item["answer"] for s, item in zip(scored, items)]
+    return {"accuracy": float(np.mean(right)), "items": len(items), "correct": int(sum(right)), "logliks": scored}

@@ -142,3 +142,46 @@ def test_bad_logprob_requests_are_refused_naming_the_field(server, path, body, p
     reply = httpx.post(server.url + path, json={"max_tokens": 2, **body}, timeout=30)
     assert reply.status_code == 400, reply.text
     assert reply.json()["error"]["param"] == param
+
+
+def test_scoring_through_the_server_as_lm_eval_does_gives_anychip_evals_accuracy(server, client, base, model_dir):
+    """lm-evaluation-harness's local-completions model scores a choice by sending the token ids of
+    context + continuation with echo, logprobs and max_tokens 1, and summing token_logprobs over
+    the continuation (the last, generated token dropped). Done so here over the shipped items, the
+    log-likelihoods and the accuracy equal `anychip eval mc`'s."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    data = Path(__file__).with_name("data") / "mc_items.jsonl"
+    items = [json.loads(line) for line in data.read_text().splitlines() if line.strip()]
+    tok = base.tokenizer
+    served = []
+    for item in items:
+        context_ids = tok.encode(item["context"], add_bos=tok.add_bos)
+        scores = []
+        for choice in item["choices"]:
+            whole = tok.encode(item["context"] + " " + choice, add_bos=tok.add_bos)
+            reply = client.completions.create(model="model", prompt=whole, max_tokens=1, temperature=0, logprobs=0,
+                                              echo=True)
+            scores.append(sum(reply.choices[0].logprobs.token_logprobs[len(context_ids):-1]))
+        served.append(scores)
+    run = subprocess.run([sys.executable, "-m", "anychip.cli.main", "eval", "mc", "--model", str(model_dir), "--data",
+                          str(data), "--json"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    own = json.loads(run.stdout)
+    np.testing.assert_allclose(np.concatenate(served), np.concatenate(own["logliks"]), atol=1e-3)
+    accuracy = np.mean([int(np.argmax(s)) == item["answer"] for s, item in zip(served, items)])
+    assert accuracy == own["accuracy"] and own["items"] == len(items)
+
+
+def test_eval_mc_refuses_bad_items_naming_the_line(tmp_path, model_dir):
+    import subprocess
+    import sys
+
+    bad = tmp_path / "items.jsonl"
+    bad.write_text('{"context": "a", "choices": ["b", "c"], "answer": 0}\n{"context": "a", "choices": ["b"], "answer": 0}\n')
+    run = subprocess.run([sys.executable, "-m", "anychip.cli.main", "eval", "mc", "--model", str(model_dir), "--data",
+                          str(bad)], capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and f"{bad}:2: expected" in run.stderr

@@ -1,5 +1,6 @@
 """``anychip eval ppl``: perplexity of a model on a text, to compare checkpoints and quantization
-schemes on the same text."""
+schemes on the same text; ``anychip eval mc``: multiple-choice accuracy from the model's
+log-likelihoods, scored as lm-evaluation-harness scores such a task."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ SAMPLE_TEXT = Path(__file__).resolve().parents[1] / "eval_data" / "english.txt"
 
 
 def add_parser(sub, common):
-    p = sub.add_parser("eval", parents=[common], help="evaluate a model (perplexity)",
+    p = sub.add_parser("eval", parents=[common], help="evaluate a model (perplexity, multiple-choice accuracy)",
                        description="`ppl` scores a text with the model: the perplexity is exp of the mean "
                                    "negative log-likelihood of each token given the ones before it, in windows of "
                                    "--window tokens. Lower is better; compare models on the same text. Example: "
@@ -40,6 +41,18 @@ def add_parser(sub, common):
                      help="with --through decode: the KV cache's dtype, float32 (default), bfloat16 or float16, to "
                           "measure what a 16-bit cache costs in perplexity")
     ppl.add_argument("--json", action="store_true", help="print one JSON object instead of a sentence")
+    mc = actions.add_parser(
+        "mc", parents=[common], help="multiple-choice accuracy from log-likelihoods",
+        description="Scores each item's choices by the log-likelihood of ' ' + choice after the context (summed "
+                    "over its tokens, as lm-evaluation-harness does) and counts the items whose answer scores "
+                    "highest. Items: a .jsonl file, one {\"context\": str, \"choices\": [str, ...], \"answer\": "
+                    "index} per line. Example: anychip eval mc --model smollm2 --data tests/data/mc_items.jsonl")
+    mc.add_argument("--model", default=DEFAULT_MODEL, metavar="M",
+                    help=f"a known model (default {DEFAULT_MODEL}), .gguf file, model folder or quantized folder")
+    mc.add_argument("--weights", choices=("native", "float"), default="native",
+                    help="native: keep quantized tensors quantized (default); float: dequantize to float32")
+    mc.add_argument("--data", required=True, metavar="FILE.jsonl", help="the items")
+    mc.add_argument("--json", action="store_true", help="print one JSON object (with every item's log-likelihoods)")
 
 
 def read_text(path: Path) -> str:
@@ -62,7 +75,61 @@ def read_text(path: Path) -> str:
     return "\n\n".join(texts)
 
 
+def read_items(path: Path) -> list[dict]:
+    """Multiple-choice items of a .jsonl file, each checked (the error names the line)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such data file")
+    items = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{number}: invalid JSON ({exc.msg})") from exc
+        ok = (isinstance(item, dict) and isinstance(item.get("context"), str) and isinstance(item.get("choices"), list)
+              and len(item["choices"]) >= 2 and all(isinstance(c, str) and c for c in item["choices"])
+              and isinstance(item.get("answer"), int) and not isinstance(item["answer"], bool)
+              and 0 <= item["answer"] < len(item["choices"]))
+        if not ok:
+            raise ValueError(f"{path}:{number}: expected {{\"context\": str, \"choices\": [2 or more non-empty "
+                             "str], \"answer\": index of the right choice}")
+        items.append(item)
+    if not items:
+        raise ValueError(f"{path}: no items")
+    return items
+
+
 def run(args) -> int:
+    if args.action == "mc":
+        return run_mc(args)
+    return run_ppl(args)
+
+
+def run_mc(args) -> int:
+    import anychip
+    from tqdm import tqdm
+
+    from ..checkpoint import load_checkpoint
+    from ..evaluate import multiple_choice
+    from ..hub import resolve
+    from ..llama import LlamaForCausalLM
+
+    items = read_items(Path(args.data))
+    device = anychip.set_device(args.device)
+    checkpoint = load_checkpoint(resolve(args.model), weights=args.weights)
+    model = LlamaForCausalLM(checkpoint, device)
+    with tqdm(total=len(items), desc="items", unit="item", file=sys.stderr, disable=args.json) as bar:
+        result = multiple_choice(model, checkpoint.tokenizer, items, progress=bar.update)
+    if args.json:
+        print(json.dumps({"model": args.model, "weights": args.weights, "data": args.data, "device": device, **result}))
+    else:
+        print(f"{args.model}: accuracy {result['accuracy']:.4f} ({result['correct']} of {result['items']} items of "
+              f"{args.data}, {device})")
+    return 0
+
+
+def run_ppl(args) -> int:
     import anychip
     from anychip.devices import describe
 
