@@ -431,3 +431,170 @@ def test_ranks_as_python_threads_of_one_process():
     assert not errors, errors
     for r in range(n):
         assert (results[r] == sum(range(n))).all()
+
+
+# ---- large messages: the direct path (process_vm_readv between the ranks' buffers) ------------
+
+LARGE_CHILD = textwrap.dedent("""
+    import os, sys, numpy as np
+    sys.path.insert(0, sys.argv[5])
+    from test_collectives import NP, make_data, reference
+    import anychip.runtime as rt
+    from anychip.runtime.collectives import Communicator
+    uid, rank, n, dtypes = bytes.fromhex(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(",")
+    dev = rt.open_device("npu:0")
+    comm = Communicator.init(dev, uid, rank, n)
+    stream = dev.stream()
+    for dtype in dtypes:
+        es = np.dtype(NP[dtype]).itemsize
+        count = (5 << 20) // es + 3  # 5 MiB and odd: shares and pieces of unequal sizes
+        data = [make_data(dtype, n * count, np.random.default_rng(100 * q + len(dtype))) for q in range(n)]
+        mine = data[rank]
+        ops = ["sum", "max"] + (["avg"] if dtype != "bool" else ["min"])
+        for op in ops:
+            want = reference(dtype, op, [d[:count] for d in data])
+            src = dev.upload(mine[:count])
+            out = dev.allocate(count * es)
+            comm.all_reduce(src.ptr, out.ptr, count, dtype, op, stream)            # out of place
+            comm.all_reduce(src.ptr, src.ptr, count, dtype, op, stream)            # in place
+            stream.synchronize()
+            assert (out.to_numpy(NP[dtype]) == want).all(), (dtype, op, "out of place")
+            assert (src.to_numpy(NP[dtype]) == want).all(), (dtype, op, "in place")
+        # reduce_scatter in place (recv is the rank's slice of send) and not
+        want = reference(dtype, "sum", data)[rank * count:(rank + 1) * count]
+        full = dev.upload(mine)
+        rs = dev.allocate(count * es)
+        comm.reduce_scatter(full.ptr, rs.ptr, count, dtype, "sum", stream)
+        comm.reduce_scatter(full.ptr, full.ptr + rank * count * es, count, dtype, "sum", stream)
+        stream.synchronize()
+        assert (rs.to_numpy(NP[dtype]) == want).all(), (dtype, "reduce_scatter")
+        assert (full.to_numpy(NP[dtype])[rank * count:(rank + 1) * count] == want).all(), (dtype, "rs in place")
+        # all_gather in place (send is the rank's slice of recv) and not
+        want = np.concatenate([d[:count] for d in data])
+        gathered = dev.allocate(n * count * es)
+        src = dev.upload(mine[:count])
+        comm.all_gather(src.ptr, gathered.ptr, count, dtype, stream)
+        inplace = dev.upload(np.concatenate([mine[:count] if q == rank else np.zeros(count, NP[dtype]) for q in range(n)]))
+        comm.all_gather(inplace.ptr + rank * count * es, inplace.ptr, count, dtype, stream)
+        # broadcast from the last rank, in place; reduce (max) to rank 0; all_to_all
+        bb = dev.upload(mine[:count])
+        comm.broadcast(bb.ptr, bb.ptr, count, dtype, n - 1, stream)
+        red = dev.allocate(count * es)
+        comm.reduce(src.ptr, red.ptr, count, dtype, "max", 0, stream)
+        a2a = dev.allocate(n * count * es)
+        comm.all_to_all(full.ptr, a2a.ptr, count, dtype, stream)
+        stream.synchronize()
+        assert (gathered.to_numpy(NP[dtype]) == want).all(), (dtype, "all_gather")
+        assert (inplace.to_numpy(NP[dtype]) == want).all(), (dtype, "all_gather in place")
+        assert (bb.to_numpy(NP[dtype]) == data[n - 1][:count]).all(), (dtype, "broadcast")
+        if rank == 0:
+            assert (red.to_numpy(NP[dtype]) == reference(dtype, "max", [d[:count] for d in data])).all(), (dtype, "reduce")
+        # all_to_all read `full` after the in-place reduce_scatter changed its slice `rank`
+        sent = [d.copy() for d in data]
+        for q in range(n):
+            sent[q][q * count:(q + 1) * count] = reference(dtype, "sum", data)[q * count:(q + 1) * count]
+        want = np.concatenate([sent[q][rank * count:(rank + 1) * count] for q in range(n)])
+        assert (a2a.to_numpy(NP[dtype]) == want).all(), (dtype, "all_to_all")
+    comm.destroy()
+    print("OK", rank)
+""")
+
+
+def _spawn_large(n, dtypes, env=None):
+    uid = unique_id(rt.open_device("npu:0"))
+    env = dict(os.environ, ANYCHIP_COLLECTIVE_TIMEOUT="20", **(env or {}))
+    tests = os.path.dirname(os.path.abspath(__file__))
+    procs = [subprocess.Popen([sys.executable, "-c", LARGE_CHILD, uid.hex(), str(r), str(n), dtypes, tests],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+             for r in range(n)]
+    outs = []
+    for p in procs:
+        try:
+            outs.append((p.wait(timeout=120), p.stdout.read()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("a rank hung")
+    assert [rc for rc, _ in outs] == [0] * n, outs
+    assert not os.path.exists("/dev/shm/" + uid.rstrip(b"\0").decode().lstrip("/"))
+
+
+@pytest.mark.parametrize("n,dtypes", [(2, "float32,bfloat16,int64,bool"), (3, "float16,int8,float32")])
+def test_large_messages_across_processes_match_numpy(n, dtypes):
+    _spawn_large(n, dtypes)
+
+
+def test_large_messages_with_device_memory_checking_and_with_the_staged_path():
+    # checking mode: the buffers are PROT_NONE but while the collective runs (peers read them)
+    _spawn_large(2, "float32", {"ANYCHIP_SIM_CHECK": "1"})
+    # ANYCHIP_COLLECTIVE_DIRECT=0: every large message through the staging slots, same results
+    _spawn_large(2, "float32", {"ANYCHIP_COLLECTIVE_DIRECT": "0"})
+
+
+def test_large_messages_between_ranks_of_one_process_and_direct_equals_staged(monkeypatch):
+    rng = np.random.default_rng(5)
+    count = (3 << 20) // 4 + 1
+    data = [rng.standard_normal(count).astype(np.float32) for _ in range(3)]
+    results = []
+    for direct in ("1", "0"):  # decided at a communicator's first large collective
+        monkeypatch.setenv("ANYCHIP_COLLECTIVE_DIRECT", direct)
+        g = Ranks("npu", 3)
+        bufs = [g.upload(r, data[r]) for r in range(3)]
+        for r in range(3):
+            g.comms[r].all_reduce(bufs[r].ptr, bufs[r].ptr, count, "float32", "avg", g.streams[r])
+        g.sync()
+        results.append([b.to_numpy(np.float32) for b in bufs])
+        g.close()
+    want = reference("float32", "avg", data)
+    for r in range(3):
+        assert results[0][r].tobytes() == results[1][r].tobytes() == want.tobytes()
+
+
+DIE_CHILD = textwrap.dedent("""
+    import os, sys, threading, numpy as np
+    import anychip.runtime as rt
+    from anychip.runtime.collectives import Communicator
+    uid, rank, n = bytes.fromhex(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    dev = rt.open_device("npu:0")
+    comm = Communicator.init(dev, uid, rank, n)
+    stream = dev.stream()
+    count = (16 << 20) // 4
+    buf = dev.upload(np.ones(count, np.float32))
+    comm.all_reduce(buf.ptr, buf.ptr, count, "float32", "sum", stream)
+    stream.synchronize()
+    if rank == n - 1:  # dies while the others are in the middle of large all_reduces
+        threading.Timer(0.3, lambda: os._exit(0)).start()
+    try:
+        for _ in range(2000):
+            comm.all_reduce(buf.ptr, buf.ptr, count, "float32", "max", stream)
+            stream.synchronize()
+    except rt.AnychipError as exc:
+        print("ERROR", exc)
+        sys.exit(3)
+    print("OK", rank)
+""")
+
+
+def test_a_rank_that_dies_during_a_large_all_reduce_is_named_on_the_others():
+    n = 3
+    uid = unique_id(rt.open_device("npu:0"))
+    env = dict(os.environ, ANYCHIP_COLLECTIVE_TIMEOUT="2")
+    start = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, "-c", DIE_CHILD, uid.hex(), str(r), str(n)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+             for r in range(n)]
+    outs = []
+    for p in procs:
+        try:
+            outs.append((p.wait(timeout=60), p.stdout.read()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("a rank hung")
+    assert [rc for rc, _ in outs] == [3, 3, 0], outs
+    for _rc, text in outs[:2]:
+        # the rank that read from it first: "rank 2 died"; the others: it never arrived
+        assert "all_reduce" in text and ("rank 2 died" in text or "not arrived: 2" in text), text
+        assert "ANYCHIP_COLLECTIVE_TIMEOUT=2 s" in text, text
+    assert time.monotonic() - start < 40
+    assert not os.path.exists("/dev/shm/" + uid.rstrip(b"\0").decode().lstrip("/"))

@@ -43,6 +43,9 @@ def add_parser(sub, common):
                    help="largest request body taken; a larger one gets 413 as soon as it is known to be larger "
                         f"(default {MIN_MAX_BODY_BYTES} bytes, or {BODY_BYTES_PER_TOKEN} per token of --max-len "
                         "where that is more)")
+    p.add_argument("--no-prefix-cache", action="store_true",
+                   help="prefill every prompt whole, instead of reusing a free cache row's keys and values of the "
+                        "longest prompt prefix it shares with an earlier request (a system prompt, say)")
     p.add_argument("--served-name", metavar="NAME", help="the model id clients send (default: the --model value)")
     p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn's log level (default warning)")
@@ -66,7 +69,8 @@ def run(args) -> int:
     session = open_session(args)
     model = session.generator.model
     config = EngineConfig(max_batch=args.max_batch, max_len=args.max_len or min(1024, model.context),
-                          max_tokens_in_flight=args.max_tokens_in_flight, max_queue=args.max_queue)
+                          max_tokens_in_flight=args.max_tokens_in_flight, max_queue=args.max_queue,
+                          prefix_cache=not args.no_prefix_cache)
     if model.tp is not None:
         from ..serving.lockstep import LeaderModel, follow
 

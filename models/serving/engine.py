@@ -46,6 +46,7 @@ class EngineConfig:
     max_tokens_in_flight: int | None = None  # reserved tokens of running requests; None: all slots
     max_queue: int = 256                  # waiting requests before new ones are refused
     prefill_tokens: int = 4096            # padded tokens (batch x longest prompt) per prefill pass
+    prefix_cache: bool = True             # reuse a free row's keys and values of a shared prompt prefix
 
     def validate(self, context: int) -> None:
         for name in ("max_batch", "max_len", "max_queue", "prefill_tokens"):
@@ -101,6 +102,7 @@ class _Running:
 
     def __init__(self, handle: Handle, row: int, tokenizer):
         self.handle, self.row = handle, row
+        self.start = 0  # prompt tokens whose keys and values the row already holds (prefix cache)
         self.seq = Sequence(handle.prompt, tokenizer, handle.params)
         self.rng = np.random.default_rng(handle.params.seed)
         self.unsent: list = []  # token logprobs not yet in an event
@@ -117,6 +119,7 @@ class Metrics:
 
     requests: dict = field(default_factory=lambda: {"stop": 0, "length": 0, "cancelled": 0, "error": 0})
     prompt_tokens: int = 0
+    prefix_hit_tokens: int = 0  # prompt tokens whose keys and values a free row already held
     completion_tokens: int = 0
     decode_steps: int = 0
     decode_s: float = 0.0   # time in batched decode calls (the model, not sampling or streaming)
@@ -155,7 +158,10 @@ class Engine:
         self._cond = threading.Condition()
         self._waiting: deque[Handle] = deque()
         self._running: list[_Running] = []
-        self._free_rows = list(range(self.config.max_batch))
+        self._free_rows = list(range(self.config.max_batch))  # least recently used first
+        # The prompt tokens whose keys and values each row holds (slots 0 .. n-1): a free row keeps
+        # them until it is reused, so a request sharing that prefix prefills only the rest.
+        self._row_tokens: dict[int, list[int]] = {}
         self._ids = itertools.count(1)
         self._stopping = False
         self.failure: str | None = None  # why the engine thread stopped, if it died
@@ -270,17 +276,38 @@ class Engine:
             if reserved + handle.reserved > self.config.budget:
                 break
             self._waiting.popleft()
+            row, start = self._pick_row(handle)
             try:
-                request = _Running(handle, self._free_rows[0], self.tokenizer)
+                request = _Running(handle, row, self.tokenizer)
             except Exception as e:  # one request's set-up fails that request alone
                 self._count("error")
                 _notify(handle, Event("error", error=f"the request could not start: {e}"))
                 continue
-            self._free_rows.pop(0)
+            request.start = start
+            self._free_rows.remove(row)
             reserved += handle.reserved
             self._running.append(request)
             admitted.append(request)
         return admitted
+
+    def _pick_row(self, handle: Handle) -> tuple[int, int]:
+        """A free row for ``handle`` and how many of its prompt tokens that row holds already: the
+        row with the longest shared prefix (at least one prompt token is always prefilled, for
+        the logits), else the least recently used one."""
+        if not self.config.prefix_cache or handle.params.prompt_logprobs is not None:
+            return self._free_rows[0], 0
+        prompt = handle.prompt
+        best, best_len = self._free_rows[0], 0
+        for row in self._free_rows:
+            held = self._row_tokens.get(row, ())
+            n = 0
+            for a, b in zip(held, prompt):
+                if a != b:
+                    break
+                n += 1
+            if n > best_len:
+                best, best_len = row, n
+        return best, min(best_len, len(prompt) - 1)
 
     def _tensor(self, array):
         return paddle.to_tensor(array, place=place(self.model.device))
@@ -289,9 +316,11 @@ class Engine:
         """The admitted requests in passes of at most ``prefill_tokens`` padded tokens (a prompt
         longer than that goes alone, as does one that wants its prompt's log-probabilities: its
         pass returns every position's logits)."""
-        groups, group = [[r] for r in admitted if r.handle.params.prompt_logprobs is not None], []
-        for request in sorted((r for r in admitted if r.handle.params.prompt_logprobs is None),
-                              key=lambda r: len(r.handle.prompt)):
+        def alone(r):  # a prompt resuming after a cached prefix, or wanting every position's logits
+            return r.start > 0 or r.handle.params.prompt_logprobs is not None
+
+        groups, group = [[r] for r in admitted if alone(r)], []
+        for request in sorted((r for r in admitted if not alone(r)), key=lambda r: len(r.handle.prompt)):
             width = len(request.handle.prompt)  # sorted: the longest so far
             if group and (len(group) + 1) * width > self.config.prefill_tokens:
                 groups.append(group)
@@ -306,9 +335,18 @@ class Engine:
         for i, r in enumerate(group):                       # lets a real token see the padding
             ids[i, :lengths[i]] = r.handle.prompt
         positions = np.broadcast_to(np.arange(width, dtype=np.int64), ids.shape).copy()
+        for r in group:  # the rows' old contents are overwritten from here on
+            self._row_tokens.pop(r.row, None)
         start = time.perf_counter()
         wanted = group[0].handle.params.prompt_logprobs  # such a request is prefilled alone
-        if wanted is not None:
+        cached = group[0].start  # likewise a request resuming after the row's cached prefix
+        if cached:
+            rest = np.asarray(group[0].handle.prompt[cached:], dtype=np.int64)[None]
+            logits = self.model(self._tensor(rest), self._tensor(np.arange(cached, cached + rest.shape[1])[None]),
+                                self.cache, start=cached, last_index=self._tensor(np.array([rest.shape[1] - 1])),
+                                cache_rows=[group[0].row]).numpy()
+            self.metrics.prefix_hit_tokens += cached
+        elif wanted is not None:
             every = self.model(self._tensor(ids), self._tensor(positions), self.cache,
                                cache_rows=[group[0].row]).numpy()[0]
             prompt = group[0].handle.prompt
@@ -321,6 +359,9 @@ class Engine:
                                 cache_rows=[r.row for r in group]).numpy()
         self.metrics.prefill_s += time.perf_counter() - start
         self.metrics.prompt_tokens += sum(lengths)
+        if self.config.prefix_cache:
+            for r in group:
+                self._row_tokens[r.row] = list(r.handle.prompt)
         for request, row in zip(group, logits):
             self._take_or_fail(request, row)
 

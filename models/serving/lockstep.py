@@ -4,7 +4,7 @@ which make the same call on their share of the model, so that the ranks meet in 
 collectives in the same order.
 
 An announcement is two broadcasts over the tensor-parallel group: a header of int64s (what call,
-its shapes) and the call's integer inputs (token ids, positions, the rows to read, the cache
+its shapes, the cache slot it starts at) and the call's integer inputs (token ids, positions, the rows to read, the cache
 rows), on the model's device. The followers hold a KV cache of the engine's shape, its rows
 filled by the same calls as rank 0's.
 """
@@ -19,7 +19,7 @@ from anychip.paddle_frontend import import_paddle
 paddle = import_paddle()
 
 STOP, PREFILL, DECODE = 0, 1, 2
-HEADER = 6  # kind, batch, width, has last_index, cache rows, fused
+HEADER = 7  # kind, batch, width, has last_index, cache rows, fused, start
 
 
 class LeaderModel:
@@ -33,23 +33,24 @@ class LeaderModel:
     def __getattr__(self, name):
         return getattr(self.model, name)
 
-    def __call__(self, tokens, positions, cache, last_index=None, cache_rows=None):
+    def __call__(self, tokens, positions, cache, start: int = 0, last_index=None, cache_rows=None):
         ids, pos = tokens.numpy(), positions.numpy()
         last = None if last_index is None else last_index.numpy()
         rows = list(range(ids.shape[0])) if cache_rows is None else list(cache_rows)
-        _announce(self.tp, self.model.device, [PREFILL, ids.shape[0], ids.shape[1], last is not None, len(rows), 0],
+        _announce(self.tp, self.model.device,
+                  [PREFILL, ids.shape[0], ids.shape[1], last is not None, len(rows), 0, start],
                   [ids.reshape(-1), pos.reshape(-1), np.zeros(0, np.int64) if last is None else last, rows])
-        return self.model(tokens, positions, cache, last_index=last_index, cache_rows=cache_rows)
+        return self.model(tokens, positions, cache, start=start, last_index=last_index, cache_rows=cache_rows)
 
     def decode(self, tokens, positions, cache, fused: bool = True, cache_rows=None):
         ids, pos = tokens.numpy(), positions.numpy()
         rows = list(range(ids.shape[0])) if cache_rows is None else list(cache_rows)
-        _announce(self.tp, self.model.device, [DECODE, ids.shape[0], 1, 0, len(rows), int(fused)], [ids, pos, rows])
+        _announce(self.tp, self.model.device, [DECODE, ids.shape[0], 1, 0, len(rows), int(fused), 0], [ids, pos, rows])
         return self.model.decode(tokens, positions, cache, fused=fused, cache_rows=cache_rows)
 
     def stop(self) -> None:
         """Ends the followers' loops."""
-        _announce(self.tp, self.model.device, [STOP, 0, 0, 0, 0, 0], [])
+        _announce(self.tp, self.model.device, [STOP, 0, 0, 0, 0, 0, 0], [])
 
 
 def follow(model, cache) -> None:
@@ -57,7 +58,7 @@ def follow(model, cache) -> None:
     dev = place(model.device)
     with paddle.no_grad():
         while True:
-            kind, b, t, has_last, n_rows, fused = (int(v) for v in _receive(model.tp, model.device, HEADER))
+            kind, b, t, has_last, n_rows, fused, start = (int(v) for v in _receive(model.tp, model.device, HEADER))
             if kind == STOP:
                 return
             if kind == PREFILL:
@@ -66,7 +67,7 @@ def follow(model, cache) -> None:
                 ids, pos = payload[:b * t].reshape(b, t), payload[b * t:2 * b * t].reshape(b, t)
                 last = payload[2 * b * t:2 * b * t + b] if has_last else None
                 rows = [int(r) for r in payload[len(payload) - n_rows:]]
-                model(paddle.to_tensor(ids, place=dev), paddle.to_tensor(pos, place=dev), cache,
+                model(paddle.to_tensor(ids, place=dev), paddle.to_tensor(pos, place=dev), cache, start=start,
                       last_index=None if last is None else paddle.to_tensor(last, place=dev), cache_rows=rows)
             else:
                 payload = _receive(model.tp, model.device, 2 * b + n_rows)

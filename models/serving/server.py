@@ -304,7 +304,12 @@ def render_metrics(engine: Engine, served: ServedModel, rejected: dict[int, int]
            [({"outcome": k}, v) for k, v in sorted(m.requests.items())])
     metric("rejected_requests_total", "counter", "Requests refused before generation, by HTTP status.",
            [({"status": str(k)}, v) for k, v in sorted(rejected.items())])
-    metric("prompt_tokens_total", "counter", "Prompt tokens prefilled.", [({}, m.prompt_tokens)])
+    metric("prompt_tokens_total", "counter", "Prompt tokens of the requests prefilled.", [({}, m.prompt_tokens)])
+    metric("prefix_cache_hit_tokens_total", "counter",
+           "Prompt tokens whose keys and values a cache row held already (not prefilled again).",
+           [({}, m.prefix_hit_tokens)])
+    metric("prefix_cache_hit_rate", "gauge", "Share of prompt tokens served from the prefix cache since start.",
+           [({}, round(m.prefix_hit_tokens / m.prompt_tokens, 4) if m.prompt_tokens else 0.0)])
     metric("completion_tokens_total", "counter", "Tokens generated.", [({}, m.completion_tokens)])
     metric("decode_steps_total", "counter", "Batched decode steps.", [({}, m.decode_steps)])
     metric("decode_seconds_total", "counter", "Time in batched decode calls.", [({}, round(m.decode_s, 6))])
