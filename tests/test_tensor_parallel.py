@@ -194,6 +194,10 @@ def test_serve_split_two_ways_answers_as_one_device_and_stops_whole(model_dir):
         with ThreadPoolExecutor(3) as pool:
             got = list(pool.map(complete, prompts))
         assert got == expected
+        # again, one after the other: each reuses its cached prompt (the followers resume at the
+        # same slot as rank 0)
+        assert [complete(p) for p in prompts] == expected
+        assert "anychip_prefix_cache_hit_tokens_total 0" not in server.text("/metrics")
         assert len(_processes_naming(marker)) >= 3  # the command, and its two ranks
     import time
 
