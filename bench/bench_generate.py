@@ -43,7 +43,7 @@ def gguf_path():
 
 @pytest.fixture(scope="module", params=["native", "float"])
 def loaded(request, gguf_path, pd):
-    from anychip_models.checkpoint import load_checkpoint
+    from anychip_models.loader import load_checkpoint
     from anychip_models.llama import LlamaForCausalLM
 
     ckpt = load_checkpoint(gguf_path, weights=request.param)

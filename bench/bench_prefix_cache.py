@@ -22,7 +22,7 @@ QUESTIONS = ["What is the capital of France?", "Name three colors.", "Count to f
 
 @pytest.fixture(scope="module")
 def served(pd):
-    from anychip_models.checkpoint import load_checkpoint
+    from anychip_models.loader import load_checkpoint
     from anychip_models.hub import resolve
     from anychip_models.llama import LlamaForCausalLM
 

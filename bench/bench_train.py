@@ -36,7 +36,7 @@ PAD_BATCH = 8  # the plain-padding batch the zero-padding figure compares with
 def setup(pd):
     from pathlib import Path
 
-    from anychip_models.checkpoint import load_checkpoint
+    from anychip_models.loader import load_checkpoint
     from anychip_models.hub import resolve
     from anychip_models.training.data import ChatFormat, load_sft_data
     from anychip_models.training.packing import packed_batches, padding_efficiency

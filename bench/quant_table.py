@@ -76,7 +76,7 @@ def main() -> int:
               file=sys.stderr)
     base = rows[0]
     if base["bytes"] is None:
-        from anychip_models.checkpoint import load_checkpoint
+        from anychip_models.loader import load_checkpoint
         from anychip_models.hub import resolve
 
         base["bytes"] = sum(t.nbytes for t in load_checkpoint(resolve("smollm2"), weights="float").tensors.values())

@@ -198,33 +198,3 @@ def tensor_shape(config: ModelConfig, name: str) -> tuple[int, ...] | None:
             return None
         return _layer_shapes(config).get(key)
     return _model_shapes(config).get(name)
-
-
-def load_checkpoint(path: str | Path, weights: str = "float") -> Checkpoint:
-    """A .gguf file, a Hugging Face folder (config.json, *.safetensors, tokenizer.json), an anychip
-    quantized folder (the same plus quantization.json, see anychip_models.quantization.checkpoint),
-    a LoRA adapter folder (merged into its base model) or a prefix adapter folder (its base model
-    carrying the prefix, ``Checkpoint.prefix``). A plain folder's weights are float
-    already, so both modes give float32 for it; a quantized folder's stay quantized with
-    ``weights="native"`` (QuantWeight / W8A8Weight, as written) and are dequantized to float32 with
-    ``"float"`` (W = q * scale exactly; A8W8's activation quantization is then not applied)."""
-    if weights not in WEIGHT_MODES:
-        raise ValueError(f"weights must be one of {', '.join(WEIGHT_MODES)}, got {weights!r}")
-    path = Path(path)
-    if path.is_dir():
-        from .hf_folder import load_hf_folder
-        from . import lora, prefix
-        from .quantization.checkpoint import is_quantized, load_quantized
-
-        if lora.is_adapter(path):
-            return lora.load_merged(path, weights)
-        if prefix.is_adapter(path):
-            return prefix.load_with_prefix(path, weights)
-        if is_quantized(path):
-            return load_quantized(path, dequantize=weights == "float")
-        return load_hf_folder(path)
-    if path.is_file():
-        from .gguf_file import load_gguf
-
-        return load_gguf(path, weights)
-    raise CheckpointError(f"{path}: no such file or folder (expected a .gguf file or a Hugging Face model folder)")

@@ -1,5 +1,5 @@
 """A model as a Hugging Face folder: config.json, model.safetensors (float32), tokenizer.json,
-tokenizer_config.json and generation_config.json, which :func:`anychip_models.checkpoint.load_checkpoint`
+tokenizer_config.json and generation_config.json, which :func:`anychip_models.loader.load_checkpoint`
 (and transformers) load back.
 
     write_hf_folder("out/model", ckpt.config, ckpt.tensors, ckpt.tokenizer)

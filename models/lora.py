@@ -108,14 +108,3 @@ def read_adapter(folder: Path) -> tuple[LoraConfig, dict[str, np.ndarray]]:
 
 def is_adapter(folder: Path) -> bool:
     return (folder / CONFIG_FILE).is_file()
-
-
-def load_merged(folder: Path, weights: str = "float") -> Checkpoint:
-    """The adapter in ``folder`` merged into its base model (resolved by name or path)."""
-    from .checkpoint import load_checkpoint
-    from .hub import resolve
-
-    config, adapters = read_adapter(folder)
-    if not config.base_model:
-        raise CheckpointError(f"{folder / CONFIG_FILE}: base_model is empty; merge with `anychip lora merge --model BASE`")
-    return merge(load_checkpoint(resolve(config.base_model), weights), config, adapters)

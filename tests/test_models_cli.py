@@ -111,7 +111,7 @@ def test_chat_answers_follow_up_questions_with_the_real_model():
 
 def test_chat_turns_carry_the_history():
     """Each turn's prompt is the whole conversation in the chat template."""
-    from anychip_models.checkpoint import load_checkpoint
+    from anychip_models.loader import load_checkpoint
     from anychip_models.cli.session import prompt_ids
     from anychip_models.hub import resolve
 

@@ -15,7 +15,8 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 
-from anychip_models.checkpoint import CheckpointError, QuantWeight, load_checkpoint
+from anychip_models.checkpoint import CheckpointError, QuantWeight
+from anychip_models.loader import load_checkpoint
 from anychip_models.hf_folder import load_hf_folder
 from loader_helpers import (gguf_tensor_name, random_weights, stored_value, tiny_config, tokenizer_metadata,
                             train_tokenizer, write_gguf, write_hf_folder)

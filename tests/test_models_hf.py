@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from anychip_models.checkpoint import CheckpointError, load_checkpoint
+from anychip_models.checkpoint import CheckpointError
+from anychip_models.loader import load_checkpoint
 from loader_helpers import (random_weights, stored_value, tiny_config, train_tokenizer, write_hf_folder,
                             write_safetensors)
 

@@ -32,7 +32,7 @@ def gguf_path():
 
 @pytest.fixture(scope="module")
 def checkpoints(gguf_path):
-    from anychip_models.checkpoint import load_checkpoint
+    from anychip_models.loader import load_checkpoint
 
     return {w: load_checkpoint(gguf_path, weights=w) for w in ("native", "float")}
 

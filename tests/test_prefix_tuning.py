@@ -17,7 +17,8 @@ from anychip.ops import masks
 from anychip.ops.dispatch import place
 from anychip.paddle_frontend import import_paddle
 from anychip_models import prefix as prefix_mod
-from anychip_models.checkpoint import CheckpointError, load_checkpoint
+from anychip_models.checkpoint import CheckpointError
+from anychip_models.loader import load_checkpoint
 from anychip_models.generate import Generator
 from anychip_models.llama import LlamaForCausalLM
 from anychip_models.lora import LoraConfig

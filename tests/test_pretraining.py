@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from anychip.paddle_frontend import import_paddle
-from anychip_models.checkpoint import load_checkpoint
+from anychip_models.loader import load_checkpoint
 from anychip_models.training import checkpoints
 from anychip_models.training.data import DataError
 from anychip_models.training.model import TrainableModel

@@ -17,7 +17,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from anychip.ops.quant import quantize_numpy
-from anychip_models.checkpoint import CheckpointError, QuantWeight, W8A8Weight, load_checkpoint, tensor_shapes
+from anychip_models.checkpoint import CheckpointError, QuantWeight, W8A8Weight, tensor_shapes
+from anychip_models.loader import load_checkpoint
 from anychip_models.quantization.checkpoint import (FORMAT, folder_size, load_quantized, read_quantization,
                                                     write_quantized)
 from conftest import SIMULATED

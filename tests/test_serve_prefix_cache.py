@@ -12,7 +12,7 @@ import pytest
 
 @pytest.fixture(scope="module")
 def long_base(tmp_path_factory):
-    from anychip_models.checkpoint import load_checkpoint
+    from anychip_models.loader import load_checkpoint
     from loader_helpers import random_weights, tiny_config, train_tokenizer, write_hf_folder
 
     tok = train_tokenizer()

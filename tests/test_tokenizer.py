@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from anychip_models import hub
-from anychip_models.checkpoint import CheckpointError, QuantWeight, load_checkpoint
+from anychip_models.checkpoint import CheckpointError, QuantWeight
+from anychip_models.loader import load_checkpoint
 from anychip_models.tokenizer import PRE_TOKENIZERS, Tokenizer
 from loader_helpers import tokenizer_metadata, train_tokenizer
 

@@ -11,7 +11,7 @@ import pytest
 
 import anychip
 from anychip.paddle_frontend import import_paddle
-from anychip_models.checkpoint import load_checkpoint
+from anychip_models.loader import load_checkpoint
 from anychip_models.lora import LoraConfig
 from anychip_models.training import checkpoints
 from anychip_models.training.data import ChatFormat, load_sft_data

@@ -43,7 +43,7 @@ def tier_run(model_dir: str, out: str, perturb: float = 0.0) -> None:
     import tempfile
 
     from anychip.paddle_frontend import import_paddle
-    from anychip_models.checkpoint import load_checkpoint
+    from anychip_models.loader import load_checkpoint
     from anychip_models.lora import LoraConfig
     from anychip_models.training.data import ChatFormat, load_sft_data
     from anychip_models.training.model import TrainableModel

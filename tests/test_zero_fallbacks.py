@@ -24,7 +24,7 @@ import anychip
 anychip.set_device({device!r})
 from anychip.paddle_frontend import import_paddle
 paddle = import_paddle()
-from anychip_models.checkpoint import load_checkpoint
+from anychip_models.loader import load_checkpoint
 from anychip_models.generate import Generator
 from anychip_models.llama import LlamaForCausalLM
 from anychip_models.sampling import SamplingParams
@@ -125,7 +125,7 @@ import anychip
 anychip.set_device({device!r})
 from anychip.paddle_frontend import import_paddle
 paddle = import_paddle()
-from anychip_models.checkpoint import load_checkpoint
+from anychip_models.loader import load_checkpoint
 from anychip_models.generate import Generator
 from anychip_models.llama import LlamaForCausalLM
 from anychip_models.sampling import SamplingParams

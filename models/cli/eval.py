@@ -110,7 +110,7 @@ def run_mc(args) -> int:
     import anychip
     from tqdm import tqdm
 
-    from ..checkpoint import load_checkpoint
+    from ..loader import load_checkpoint
     from ..evaluate import multiple_choice
     from ..hub import resolve
     from ..llama import LlamaForCausalLM
@@ -133,7 +133,7 @@ def run_ppl(args) -> int:
     import anychip
     from anychip.devices import describe
 
-    from ..checkpoint import load_checkpoint
+    from ..loader import load_checkpoint
     from ..evaluate import decode_perplexity, perplexity
     from ..hub import resolve
     from ..llama import LlamaForCausalLM

@@ -22,7 +22,8 @@ def add_parser(sub, common):
 def run(args) -> int:
     from pathlib import Path
 
-    from ..checkpoint import CheckpointError, load_checkpoint
+    from ..checkpoint import CheckpointError
+    from ..loader import load_checkpoint
     from ..export import write_hf_folder
     from ..hub import resolve
     from ..lora import merge, read_adapter

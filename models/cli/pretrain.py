@@ -58,7 +58,7 @@ def run(args) -> int:
     if args.config and not Path(args.config).is_file():
         raise ValueError(f"--config {args.config}: no such file (expected a Hugging Face config.json, e.g. "
                          f"{SAMPLE_CONFIG})")
-    from ..checkpoint import load_checkpoint
+    from ..loader import load_checkpoint
     from ..hub import resolve
     from ..training.distributed import join
     from ..training.from_scratch import new_checkpoint

@@ -69,7 +69,7 @@ def run(args) -> int:
     import anychip
     from anychip.devices import describe
 
-    from ..checkpoint import load_checkpoint
+    from ..loader import load_checkpoint
     from ..hub import resolve
     from ..quantization.checkpoint import folder_size, write_quantized
     from ..quantization.ptq import calibrate, check_scheme, quantize

@@ -134,7 +134,7 @@ def open_session(args) -> Session:
     import anychip
     from anychip.devices import describe
 
-    from ..checkpoint import load_checkpoint
+    from ..loader import load_checkpoint
     from ..hub import resolve
     from ..training import distributed
 

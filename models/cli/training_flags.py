@@ -111,7 +111,7 @@ def training_device(args) -> tuple[str, int]:
 
 def chat_model(args):
     """(resolved path, float32 checkpoint, chat format) of --model and --chat-template."""
-    from ..checkpoint import load_checkpoint
+    from ..loader import load_checkpoint
     from ..hub import resolve
     from ..training.data import ChatFormat
 

@@ -1,5 +1,5 @@
 """anychip's quantized model folder ("anychip-quant/1"): a Hugging Face-style folder whose linear
-weights stay quantized on disk, loaded by :func:`anychip_models.checkpoint.load_checkpoint`.
+weights stay quantized on disk, loaded by :func:`anychip_models.loader.load_checkpoint`.
 
     config.json, tokenizer.json, tokenizer_config.json, generation_config.json   as export writes them
     model.safetensors    float tensors (float32) under their Hugging Face names, as export writes them;
