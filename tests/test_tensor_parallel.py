@@ -216,3 +216,17 @@ def test_bfloat16_matmuls_split_two_ways_stay_within_their_rounding(model_dir, d
     two = finetune(model_dir, data, tmp_path / "two", "--nproc", 2, "--tensor-parallel", 2, *bf16)
     assert two.returncode == 0, two.stderr + two.stdout
     np.testing.assert_allclose(losses(tmp_path / "two"), losses(tmp_path / "one"), rtol=1e-3)
+
+
+def test_pretraining_from_a_config_split_two_ways_gives_one_processs_losses(model_dir, tmp_path):
+    """A new model drawn from the seed, then split: the ranks start from the one-device weights."""
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", [{"text": f"{a} {b}"} for a, b in
+                                                     [("The capital of France is Paris.", "Hello world!"),
+                                                      ("the quick brown fox jumps over", "1234567890")] * 6])
+    common = ["pretrain", "--config", model_dir / "config.json", "--tokenizer", model_dir, "--data", corpus,
+              "--max-length", 16, "--batch-size", 2, "--max-steps", 3, "--lr", "3e-3"]
+    one = run_anychip(*common, "--output", tmp_path / "one")
+    assert one.returncode == 0, one.stderr
+    two = run_anychip(*common, "--nproc", 2, "--tensor-parallel", 2, "--output", tmp_path / "two")
+    assert two.returncode == 0, two.stderr + two.stdout
+    np.testing.assert_allclose(losses(tmp_path / "two"), losses(tmp_path / "one"), rtol=1e-5)
