@@ -76,6 +76,11 @@ class KVCache:
         """Bytes of the keys and values together."""
         return 2 * int(np.prod(self.k.shape)) * self.k.element_size()
 
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Row ``dst``'s first ``n`` slots of every layer become row ``src``'s."""
+        self.k[:, dst, :n] = self.k[:, src, :n]
+        self.v[:, dst, :n] = self.v[:, src, :n]
+
     def write(self, layer: int, rows, start: int, k, v) -> None:
         """Stores float32 ``k``, ``v`` at slots ``start ..`` of ``rows`` (an int, or a slice of
         rows matching k's leading dim) in ``layer``, rounded to the cache's dtype."""
@@ -216,6 +221,11 @@ class LlamaForCausalLM(paddle.nn.Layer):
                     cache.write(i, slice(None), 0, self.prefix[i, 0].unsqueeze(0).expand(shape),
                                 self.prefix[i, 1].unsqueeze(0).expand(shape))
         return cache
+
+    def copy_cache(self, cache: KVCache, src: int, dst: int, n: int) -> None:
+        """Cache row ``dst``'s first ``n`` slots become row ``src``'s (a shared prompt prefix)."""
+        with paddle.no_grad():
+            cache.copy_prefix(src, dst, n)
 
     # ---- op by op: prefill, and decode where the device has no decoder_step kernel ----------
 

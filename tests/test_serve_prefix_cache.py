@@ -122,3 +122,39 @@ def test_metrics_report_the_hit_rate(long_base):
     hits, prompt = values["anychip_prefix_cache_hit_tokens_total"], values["anychip_prompt_tokens_total"]
     assert hits == prompt / 2 - 1  # the second request prefilled its last token only
     np.testing.assert_allclose(values["anychip_prefix_cache_hit_rate"], hits / prompt, atol=1e-4)
+
+
+def test_requests_admitted_together_copy_a_shared_prompt_from_the_first(long_base):
+    """The n choices of one prompt (or any requests sharing a prefix, arriving together): the
+    first is prefilled, the others copy its keys and values into their own rows, then go their
+    own way; their tokens are those of an engine without the cache."""
+    from anychip_models.llama import LlamaForCausalLM
+    from anychip_models.sampling import SamplingParams
+    from anychip_models.serving.engine import Engine, EngineConfig
+
+    tok = long_base.tokenizer
+    prompt = tok.encode("A shared prompt for every choice, long enough to matter. " * 4)
+
+    def choices(cache: bool):
+        engine = Engine(LlamaForCausalLM(long_base, ("cpu", 0)), tok,
+                        EngineConfig(max_batch=4, max_len=512, prefix_cache=cache))
+        done = [threading.Event() for _ in range(3)]
+        out = [None] * 3
+        for i in range(3):  # submitted before the engine starts: admitted in one step
+            def collect(event, i=i):
+                if event.kind != "text":
+                    out[i] = event.completion.tokens
+                    done[i].set()
+
+            engine.submit(prompt, SamplingParams(max_new_tokens=10, temperature=1.0, seed=11 + i), collect)
+        engine.start()
+        try:
+            assert all(d.wait(120) for d in done)
+        finally:
+            engine.stop()
+        return out, engine.metrics.prefix_hit_tokens
+
+    shared, hits = choices(True)
+    alone, none = choices(False)
+    assert shared == alone and none == 0
+    assert hits == 2 * (len(prompt) - 1)

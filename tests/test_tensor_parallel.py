@@ -183,13 +183,15 @@ def test_serve_split_two_ways_answers_as_one_device_and_stops_whole(model_dir):
                 env={"ANYCHIP_STRICT": "1"}) as server:
         assert server.get("/health")["device"] == "npu:0"
 
-        def complete(prompt: str) -> str:
+        def complete(prompt: str, n: int = 1):
             import urllib.request
 
-            body = json.dumps({"model": Path(model_dir).name, "prompt": prompt, "max_tokens": 10, "temperature": 0}).encode()
+            body = json.dumps({"model": Path(model_dir).name, "prompt": prompt, "max_tokens": 10, "temperature": 0,
+                               "n": n}).encode()
             request = urllib.request.Request(server.url + "/v1/completions", body, {"Content-Type": "application/json"})
             with urllib.request.urlopen(request, timeout=120) as r:
-                return json.loads(r.read())["choices"][0]["text"]
+                texts = [c["text"] for c in json.loads(r.read())["choices"]]
+            return texts[0] if n == 1 else texts
 
         with ThreadPoolExecutor(3) as pool:
             got = list(pool.map(complete, prompts))
@@ -197,6 +199,11 @@ def test_serve_split_two_ways_answers_as_one_device_and_stops_whole(model_dir):
         # again, one after the other: each reuses its cached prompt (the followers resume at the
         # same slot as rank 0)
         assert [complete(p) for p in prompts] == expected
+        # n choices: the later ones copy the first's keys and values (the followers copy alike)
+        assert complete("A prompt no row holds yet, for three choices.", n=3) == [
+            json.loads(run_anychip("generate", "--model", model_dir, "--raw",
+                                   "A prompt no row holds yet, for three choices.", "--max-new-tokens", 10, "--json",
+                                   "--device", "npu").stdout)["completions"][0]["text"]] * 3
         assert "anychip_prefix_cache_hit_tokens_total 0" not in server.text("/metrics")
         assert len(_processes_naming(marker)) >= 3  # the command, and its two ranks
     import time

@@ -103,6 +103,7 @@ class _Running:
     def __init__(self, handle: Handle, row: int, tokenizer):
         self.handle, self.row = handle, row
         self.start = 0  # prompt tokens whose keys and values the row already holds (prefix cache)
+        self.donor: int | None = None  # a busy row to copy those from first (it holds them)
         self.seq = Sequence(handle.prompt, tokenizer, handle.params)
         self.rng = np.random.default_rng(handle.params.seed)
         self.unsent: list = []  # token logprobs not yet in an event
@@ -276,30 +277,36 @@ class Engine:
             if reserved + handle.reserved > self.config.budget:
                 break
             self._waiting.popleft()
-            row, start = self._pick_row(handle)
+            row, start, donor = self._pick_row(handle, admitted)
             try:
                 request = _Running(handle, row, self.tokenizer)
             except Exception as e:  # one request's set-up fails that request alone
                 self._count("error")
                 _notify(handle, Event("error", error=f"the request could not start: {e}"))
                 continue
-            request.start = start
+            request.start, request.donor = start, donor
             self._free_rows.remove(row)
             reserved += handle.reserved
             self._running.append(request)
             admitted.append(request)
         return admitted
 
-    def _pick_row(self, handle: Handle) -> tuple[int, int]:
-        """A free row for ``handle`` and how many of its prompt tokens that row holds already: the
-        row with the longest shared prefix (at least one prompt token is always prefilled, for
-        the logits), else the least recently used one."""
+    def _pick_row(self, handle: Handle, admitted: list[_Running]) -> tuple[int, int, int | None]:
+        """A free row for ``handle``, how many of its prompt tokens it starts with, and the busy
+        row to copy those from (None: the row holds them). The row holding the longest shared
+        prefix wins: a free one is taken as it is; a busy one (a running request's, or one
+        admitted in this step: the n choices of one prompt) lends its keys and values to the
+        least recently used free row. At least one prompt token is always prefilled, for the
+        logits."""
+        lru = self._free_rows[0]
         if not self.config.prefix_cache or handle.params.prompt_logprobs is not None:
-            return self._free_rows[0], 0
+            return lru, 0, None
         prompt = handle.prompt
-        best, best_len = self._free_rows[0], 0
-        for row in self._free_rows:
-            held = self._row_tokens.get(row, ())
+        holders = [(row, self._row_tokens.get(row, ())) for row in self._free_rows]
+        holders += [(r.row, self._row_tokens.get(r.row, ())) for r in self._running if r not in admitted]
+        holders += [(r.row, r.handle.prompt) for r in admitted if r.donor is None and r.start == 0]
+        best, best_len = lru, 0
+        for row, held in holders:
             n = 0
             for a, b in zip(held, prompt):
                 if a != b:
@@ -307,7 +314,10 @@ class Engine:
                 n += 1
             if n > best_len:
                 best, best_len = row, n
-        return best, min(best_len, len(prompt) - 1)
+        start = min(best_len, len(prompt) - 1)
+        if best in self._free_rows or start == 0:
+            return (best if start else lru), start, None
+        return lru, start, best
 
     def _tensor(self, array):
         return paddle.to_tensor(array, place=place(self.model.device))
@@ -317,16 +327,19 @@ class Engine:
         longer than that goes alone, as does one that wants its prompt's log-probabilities: its
         pass returns every position's logits)."""
         def alone(r):  # a prompt resuming after a cached prefix, or wanting every position's logits
-            return r.start > 0 or r.handle.params.prompt_logprobs is not None
+            return r.start > 0 or r.donor is not None or r.handle.params.prompt_logprobs is not None
 
-        groups, group = [[r] for r in admitted if alone(r)], []
+        # those copying from a row admitted with them go last: after that row's prefill
+        groups = [[r] for r in admitted if alone(r) and r.donor is None]
+        lenders = [[r] for r in admitted if r.donor is not None]
+        group = []
         for request in sorted((r for r in admitted if not alone(r)), key=lambda r: len(r.handle.prompt)):
             width = len(request.handle.prompt)  # sorted: the longest so far
             if group and (len(group) + 1) * width > self.config.prefill_tokens:
                 groups.append(group)
                 group = []
             group.append(request)
-        return groups + ([group] if group else [])
+        return groups + ([group] if group else []) + lenders
 
     def _prefill(self, group: list[_Running]) -> None:
         lengths = [len(r.handle.prompt) for r in group]
@@ -340,6 +353,8 @@ class Engine:
         start = time.perf_counter()
         wanted = group[0].handle.params.prompt_logprobs  # such a request is prefilled alone
         cached = group[0].start  # likewise a request resuming after the row's cached prefix
+        if group[0].donor is not None:  # ... or after another row's, copied over first
+            self.model.copy_cache(self.cache, group[0].donor, group[0].row, cached)
         if cached:
             rest = np.asarray(group[0].handle.prompt[cached:], dtype=np.int64)[None]
             logits = self.model(self._tensor(rest), self._tensor(np.arange(cached, cached + rest.shape[1])[None]),

@@ -18,7 +18,7 @@ from anychip.paddle_frontend import import_paddle
 
 paddle = import_paddle()
 
-STOP, PREFILL, DECODE = 0, 1, 2
+STOP, PREFILL, DECODE, COPY = 0, 1, 2, 3
 HEADER = 7  # kind, batch, width, has last_index, cache rows, fused, start
 
 
@@ -48,6 +48,10 @@ class LeaderModel:
         _announce(self.tp, self.model.device, [DECODE, ids.shape[0], 1, 0, len(rows), int(fused), 0], [ids, pos, rows])
         return self.model.decode(tokens, positions, cache, fused=fused, cache_rows=cache_rows)
 
+    def copy_cache(self, cache, src: int, dst: int, n: int) -> None:
+        _announce(self.tp, self.model.device, [COPY, src, dst, n, 0, 0, 0], [])
+        self.model.copy_cache(cache, src, dst, n)
+
     def stop(self) -> None:
         """Ends the followers' loops."""
         _announce(self.tp, self.model.device, [STOP, 0, 0, 0, 0, 0, 0], [])
@@ -61,6 +65,9 @@ def follow(model, cache) -> None:
             kind, b, t, has_last, n_rows, fused, start = (int(v) for v in _receive(model.tp, model.device, HEADER))
             if kind == STOP:
                 return
+            if kind == COPY:  # (the header's batch, width and last fields hold src, dst, n)
+                model.copy_cache(cache, b, t, has_last)
+                continue
             if kind == PREFILL:
                 n = b * t + b * t + (b if has_last else 0) + n_rows
                 payload = _receive(model.tp, model.device, n)
