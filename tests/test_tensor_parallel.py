@@ -16,23 +16,17 @@ import pytest
 from anychip_models.training import checkpoints
 from anychip_models.tensor_parallel import TensorParallel, check, shard, shard_axis, vocab_chunk
 from training_helpers import anychip as run_anychip
-from training_helpers import losses, sft_records, write_jsonl
+from training_helpers import finetune_tiny, losses, sft_folder, write_jsonl
 
 JOB = Path(__file__).with_name("tensor_parallel_job.py")
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tp-data")
-    write_jsonl(folder / "train.jsonl", sft_records())
-    write_jsonl(folder / "dev.jsonl", sft_records(6))
-    return folder
+    return sft_folder(tmp_path_factory.mktemp("sft-data"))
 
 
-def finetune(model_dir, data, output, *extra, env=None):
-    return run_anychip("finetune", "--model", model_dir, "--data", data, "--max-length", 64, "--batch-size", 2,
-                         "--max-steps", 4, "--zero-padding", "--lr", "5e-3", "--eval-steps", 2, "--save-steps", 2,
-                         "--output", output, *extra, env=env)
+finetune = finetune_tiny
 
 
 def test_each_tensor_splits_on_its_axis_and_the_vocabulary_in_padded_chunks(base):

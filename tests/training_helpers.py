@@ -80,3 +80,18 @@ def strict_on_chip_then_resume_on_cpu(common: list, tmp_path: Path, device: str)
     assert resumed.returncode == 0, resumed.stderr
     np.testing.assert_allclose(losses(moved), losses(tmp_path / "cpu"), rtol=1e-4)
     return first
+
+
+def sft_folder(folder: Path) -> Path:
+    """``folder`` with train.jsonl (24 records) and dev.jsonl (6) of the learnable SFT set."""
+    write_jsonl(folder / "train.jsonl", sft_records())
+    write_jsonl(folder / "dev.jsonl", sft_records(6))
+    return folder
+
+
+def finetune_tiny(model_dir, data, output, *extra, env: dict | None = None) -> subprocess.CompletedProcess:
+    """4 steps of ``anychip finetune`` on ``data`` (batches of 2, zero padding), evaluating and
+    saving at steps 2 and 4: the run the multi-rank tests compare."""
+    return anychip("finetune", "--model", model_dir, "--data", data, "--max-length", 64, "--batch-size", 2,
+                   "--max-steps", 4, "--zero-padding", "--lr", "5e-3", "--eval-steps", 2, "--save-steps", 2,
+                   "--output", output, *extra, env=env)
