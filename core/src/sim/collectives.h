@@ -9,7 +9,29 @@
 //   - one staging slot per rank (kSlotBytes): a collective moves in chunks that fit the slots,
 //     each chunk "copy in, barrier, reduce or copy out, barrier", so the segment stays bounded
 //     whatever the call's size;
-//   - one mailbox per ordered pair of ranks (kMailboxBytes) for send/recv.
+//   - one mailbox per ordered pair of ranks (kMailboxBytes) for send/recv;
+//   - for the direct path (below): each rank's pid, a random token of its process (ranks with the
+//     same token are one process) and where that token lives, and the buffers of the current
+//     collective, published by each rank at its start.
+// Large messages (from 512 KiB a rank; all_to_all, all_gather and reduce_scatter count all n
+// slices) go direct, with no staging: each rank reads what it needs straight from the peers'
+// buffers with Linux Cross Memory Attach (process_vm_readv; memcpy for a peer in this process),
+// between barriers: publish the buffers, barrier, read, barrier. all_reduce is a reduce-scatter
+// then an all-gather: rank r reduces share r of every rank's send (peers' pieces of kPieceBytes
+// read into scratch, reduced in rank order 0..n-1 as the staged path, so results are
+// bit-identical) into share r of its own recv; barrier; it reads the other shares from their
+// owners' recv; barrier. A rank only ever writes its own memory, and a buffer a peer reads is
+// written only after a barrier that follows the peer's reads, which keeps device.h's in-place
+// forms right. The last barrier keeps each buffer as it is until no peer reads it. The stream
+// keeps the buffers open (AccessWindow) for the whole call, so checking mode's PROT_NONE never
+// meets a peer's read. Whether a communicator goes direct is decided once, the same on every
+// rank, at its first large collective: each rank reads every other process's token through
+// process_vm_readv (it needs ptrace access: it fails under Yama ptrace_scope 1, Ubuntu's
+// default, between ranks that are not each other's ancestors, under 2 and 3, under a seccomp
+// filter, across users or pid namespaces), and any failure, or ANYCHIP_COLLECTIVE_DIRECT=0 on
+// any rank, keeps it staged.
+// A peer whose process is gone (ESRCH) is an ANYCHIP_ERROR_DEVICE naming that rank as died; the
+// others then fail at once as when a rank gives up waiting.
 // Every wait is bounded by ANYCHIP_COLLECTIVE_TIMEOUT seconds (default 60): a rank that never
 // arrives, or died, is an ANYCHIP_ERROR_DEVICE on the others naming the collective, the ranks
 // that arrived, those that did not and the timeout. A communicator that failed so stays failed.
