@@ -22,7 +22,7 @@ LIBRARIES = [
     ("anychip._lib.libanychip_paddle_bridge", "ANYCHIP_CORE_LIB_DIR"),
     ("anychip._lib.libanychip_paddle_kernels", "ANYCHIP_CORE_LIB_DIR"),
     ("anychip._launcher", "ANYCHIP_LAUNCHER_DIR"),
-    ("anychip_plugins.cpu.libanychip_cpu_kernels", "ANYCHIP_CPU_PLUGIN_DIR"),
+    ("anychip_plugins.host.libanychip_host_kernels", "ANYCHIP_HOST_KERNELS_DIR"),
     ("anychip_plugins.gpu.libanychip_cuda", "ANYCHIP_GPU_PLUGIN_DIR"),
 ]
 
@@ -117,7 +117,7 @@ setup(
     package_dir=PACKAGE_DIRS,
     packages=["anychip", "anychip.runtime", "anychip.cli", "anychip.ops", "anychip.conformance", "anychip_bench",
               "anychip_codegen", "anychip_codegen.backends",
-              "anychip_plugins", "anychip_plugins.cpu", "anychip_plugins.gpu", "anychip_plugins.xpu",
+              "anychip_plugins", "anychip_plugins.host", "anychip_plugins.cpu", "anychip_plugins.gpu", "anychip_plugins.xpu",
               "anychip_plugins.npu", "anychip_plugins.gcu", "anychip_plugins.dcu", "anychip_models", "anychip_models.cli",
               "anychip_models.training", "anychip_models.quantization", "anychip_models.serving"],
     package_data={"anychip": ["include/anychip/*.h", "src/paddle_kernels/*.h", "templates/plugin/*", "templates/plugin/*/*"],

@@ -198,7 +198,7 @@ KERNEL_CASES = [
 
 
 def handwritten_kernel(op: str) -> NativeKernel:
-    from anychip_plugins.cpu.host_kernels import LIBRARY
+    from anychip_plugins.host import LIBRARY
 
     return NativeKernel(str(LIBRARY), f"anychip_cpu_{op}")
 

@@ -63,7 +63,7 @@ def test_rms_norm_fwd(benchmark, bench, pd, request, impl):
     if impl == "anychip_kernel":
         # The cpu plugin's kernel on numpy arrays, without Paddle: no op checks, no output
         # allocation (whose first-touch page faults every op pays), for comparison only.
-        from anychip_plugins.cpu.host_kernels import HOST_KERNELS, _kernel
+        from anychip_plugins.host import HOST_KERNELS, _kernel
 
         kernel = _kernel(HOST_KERNELS["rms_norm"][0])
         xs = Cycle([base.copy() for _ in range(n)])

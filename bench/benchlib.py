@@ -224,7 +224,7 @@ class PairedRead:
 
     def __init__(self, nbytes: int, count: int, threads: int):
         from anychip.host_memory import huge_pages_for
-        from anychip_plugins.cpu.host_kernels import read_pass
+        from anychip_plugins.host import read_pass
 
         self.nbytes, self.threads, self._read = int(nbytes), threads, read_pass
         self._buffers = [host_tensor(np.ones(self.nbytes, np.uint8)) for _ in range(count)]
@@ -260,7 +260,7 @@ def measure_compute_peaks(threads: int = 2, repeats: int = 3, seconds: float = 0
     """The compute roofs (see PEAK_UNITS): per key, ``value`` (FLOP/s or OP/s for all
     ``threads``), ``what`` and ``source``. fp32: the best of ``repeats`` runs of the cpu
     plugin's FMA probe (anychip_cpu_fma_peak)."""
-    from anychip_plugins.cpu.host_kernels import fma_peak, kernel_isa
+    from anychip_plugins.host import fma_peak, kernel_isa
 
     meter = ForeignLoad().start()
     fp32 = max(fma_peak(threads, seconds) for _ in range(repeats))

@@ -40,7 +40,7 @@ def run_python(code: str, env: dict | None = None, timeout: float = 120) -> subp
 def pytest_report_header(config):
     """Which host-kernel tiers this run covers: the tier tests rerun cases capped to each tier
     up to the best this CPU has, and skip the others."""
-    from anychip_plugins.cpu.host_kernels import ISAS, kernel_isa
+    from anychip_plugins.host import ISAS, kernel_isa
 
     best = kernel_isa()
     covered = ISAS[:ISAS.index(best) + 1]

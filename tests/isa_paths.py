@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from anychip_plugins.cpu.host_kernels import ISAS, kernel_isa
+from anychip_plugins.host import ISAS, kernel_isa
 
 
 def isa_params(*isas: str) -> list:

@@ -9,7 +9,7 @@ import numpy as np
 
 from anychip.kernels import NativeKernel
 
-LIBRARY = str(Path(__file__).resolve().parents[1] / "plugins" / "cpu" / "libanychip_cpu_kernels.so")
+LIBRARY = str(Path(__file__).resolve().parents[1] / "plugins" / "host" / "libanychip_host_kernels.so")
 
 
 def kernel(name):

@@ -78,7 +78,7 @@ def test_compute_roofs_fp32_measured_amx_only_where_the_cpu_has_it(benchlib, mon
 
 def test_fma_probe_measures_the_kernels_vector_width():
     """The probe runs on the vectors the kernels use: capped to scalar it is several times slower."""
-    code = ("from anychip_plugins.cpu.host_kernels import fma_peak, kernel_isa; "
+    code = ("from anychip_plugins.host import fma_peak, kernel_isa; "
             "print(kernel_isa(), max(fma_peak(1, 0.05) for _ in range(3)))")
     rates = {}
     for cap in ("scalar", "avx2"):
@@ -94,7 +94,7 @@ def test_read_probe_reads_every_byte():
     """anychip_cpu_read_pass or-s every byte it reads into its result, on every ISA path: a
     single nonzero byte anywhere (either side of the threads' boundaries, at 333_312 and 666_624;
     the last thread's tail past its vector loop) shows."""
-    code = ("import numpy as np; from anychip_plugins.cpu.host_kernels import read_pass\n"
+    code = ("import numpy as np; from anychip_plugins.host import read_pass\n"
             "buf = np.zeros(1_000_003, np.uint8)\n"
             "assert read_pass(buf.ctypes.data, buf.nbytes, 3) == 0\n"
             "for i, bit in ((0, 1), (333_311, 2), (333_312, 4), (666_623, 8), (1_000_002, 128)):\n"

@@ -19,7 +19,7 @@ PLUGIN = {
     "anychip_testchips/__init__.py": textwrap.dedent('''
         import anychip
         from anychip.paddle_frontend import import_paddle
-        from anychip_plugins.cpu.host_kernels import register_host_kernels
+        from anychip_plugins.host import register_host_kernels
 
         def chip(name):
             return anychip.simulated_device(name, anychip.ChipTraits(

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from anychip.kernels import NativeKernel
-from anychip_plugins.cpu.host_kernels import LIBRARY
+from anychip_plugins.host import LIBRARY
 from isa_paths import isa_params
 
 CFG = dict(L=2, C=128, Hq=4, Hk=2, D=32, F=192, V=100, S=16, eps=1e-5, theta=10000.0)

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from anychip.kernels import NativeKernel
-from anychip_plugins.cpu.host_kernels import LIBRARY
+from anychip_plugins.host import LIBRARY
 from isa_paths import isa_params
 
 FLOATS = ("float32", "bfloat16", "float16")

@@ -7,7 +7,7 @@ memory) but reports ``simulated=0``: the memory and the cores are the machine's 
 import os
 
 import anychip
-from anychip_plugins.cpu.host_kernels import kernel_isa, register_host_kernels
+from anychip_plugins.host import kernel_isa, register_host_kernels
 
 
 def _cpu_model() -> str:

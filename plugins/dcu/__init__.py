@@ -1,4 +1,6 @@
-"""Hygon DCU. Binds DTK (HIP) when present; until then, the simulator with Z100 traits.
+"""Hygon DCU, on anychip's simulator with Z100 traits. anychip does not bind DTK (HIP) yet:
+`anychip devices` says whether it was found on this machine, and the chip runs on the simulator
+either way.
 
 The Z100 has no bfloat16, so bf16 work on ``dcu`` exercises the dtype fallback paths.
 
@@ -9,7 +11,7 @@ only the generated kernels.
 """
 
 import anychip
-from anychip_plugins.cpu.host_kernels import register_base_kernels, register_host_kernels
+from anychip_plugins.host import register_base_kernels, register_host_kernels
 
 TRAITS = anychip.ChipTraits(
     model="Hygon Z100", vendor="Hygon", memory_bytes=32 << 30, compute_capability=0,

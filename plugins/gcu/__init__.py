@@ -1,4 +1,6 @@
-"""Enflame GCU. Binds TopsRider when present; until then, the simulator with S60 traits.
+"""Enflame GCU, on anychip's simulator with S60 traits. anychip does not bind TopsRider yet:
+`anychip devices` says whether it was found on this machine, and the chip runs on the simulator
+either way.
 
 Its kernels mix both ways in: the base ops are hand-written (the shared host kernels), while its
 fused normalization, RMSNorm forward and backward, comes from CodeGen (built on first use,
@@ -6,7 +8,7 @@ cached; a build failure drops only the generated kernel, keeping the hand-writte
 """
 
 import anychip
-from anychip_plugins.cpu.host_kernels import register_base_kernels, register_host_kernels
+from anychip_plugins.host import register_base_kernels, register_host_kernels
 
 GENERATED = ("rms_norm", "rms_norm_grad")
 

@@ -1,4 +1,6 @@
-"""Huawei Ascend NPU. Binds Ascend ACL when present; until then, the simulator with 910B traits.
+"""Huawei Ascend NPU, on anychip's simulator with 910B traits. anychip does not bind Ascend ACL
+(CANN) yet: `anychip devices` says whether it was found on this machine, and the chip runs on the
+simulator either way.
 
 Every base op (matmul, embedding and index_select included) and its RMSNorm come from CodeGen
 (``anychip_codegen``, the ``c`` backend: the simulator's memory is host memory): no hand-written
@@ -8,7 +10,7 @@ cached; a build failure disables only the generated kernels, with the reason lis
 """
 
 import anychip
-from anychip_plugins.cpu.host_kernels import register_host_kernels
+from anychip_plugins.host import register_host_kernels
 
 TRAITS = anychip.ChipTraits(
     model="Ascend 910B", vendor="Huawei", memory_bytes=64 << 30, compute_capability=0,

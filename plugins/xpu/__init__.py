@@ -1,7 +1,9 @@
-"""Kunlunxin XPU. Binds the Kunlun XPU runtime when present; until then, the simulator with P800 traits."""
+"""Kunlunxin XPU, on anychip's simulator with P800 traits. anychip does not bind the Kunlun XPU
+runtime yet: `anychip devices` says whether it was found on this machine, and the chip runs on the
+simulator either way. Its kernels are the shared host kernels, base ops included, by hand."""
 
 import anychip
-from anychip_plugins.cpu.host_kernels import register_base_kernels, register_host_kernels
+from anychip_plugins.host import register_base_kernels, register_host_kernels
 
 TRAITS = anychip.ChipTraits(
     model="Kunlunxin P800", vendor="Kunlunxin", memory_bytes=96 << 30, compute_capability=30,

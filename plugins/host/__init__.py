@@ -1,6 +1,7 @@
-"""The host kernels (``libanychip_cpu_kernels.so``, sources in ``kernels/``) and how a plugin
-registers them: the cpu device registers all of them, and each simulated chip registers them
-for the dtypes its traits allow, since the simulator's memory is host memory.
+"""Not a plugin: the host kernels (``libanychip_host_kernels.so``, sources in ``kernels/``, C
+ABI of ``anychip/kernel.h``, AMX / AVX-512 / AVX2 / scalar picked at run time) and how a plugin
+whose device memory is host memory registers them: the cpu device registers all of them, and
+each simulated chip those of the dtypes its traits allow.
 
 The base ops' hand-written kernels (``kernels/base_*.cc``, the contract in
 ``anychip.ops.base``) are registered separately, by :func:`register_base_kernels`: a chip
@@ -16,7 +17,7 @@ from pathlib import Path
 from anychip.kernels import NativeKernel
 from anychip.ops.base import BASE_OPS
 
-LIBRARY = Path(__file__).with_name("libanychip_cpu_kernels.so")
+LIBRARY = Path(__file__).with_name("libanychip_host_kernels.so")
 
 _FLOATS = ("float32", "bfloat16", "float16")
 
