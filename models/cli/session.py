@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from anychip.ops.decoder import CACHE_DTYPES
 
 from ..sampling import SamplingParams
+from . import ranks
 
 DEFAULT_MODEL = "smollm2"
 
@@ -111,21 +112,10 @@ def launch_tensor_parallel(args) -> int | None:
                          "equal (and >= 1)")
     if nproc == 1:
         return None
-    device = args.device or ""
-    if ":" in device:
-        raise ValueError(f"--device {device} names one device; with --nproc {nproc} rank r takes device r of the "
-                         "chip: pass the chip alone (e.g. --device npu)")
-    from anychip.selection import default_device
-
-    chip = (device or default_device()).partition(":")[0]
-    if chip != "cpu":
-        from .training_flags import require_ranks
-
-        require_ranks(chip, nproc)
     argv = list(args.argv)
     if hasattr(args, "seed") and args.seed is None:  # (serve: each request brings its own seed)
         argv += ["--seed", str(random.SystemRandom().randrange(2**31))]
-    return distributed.launch(argv, nproc, chip)
+    return ranks.launch(args.device, argv, nproc)
 
 
 def open_session(args) -> Session:
@@ -138,13 +128,7 @@ def open_session(args) -> Session:
     from ..hub import resolve
     from ..training import distributed
 
-    wanted = args.device
-    if distributed.launched():
-        from anychip.selection import default_device
-
-        chip = (args.device or default_device()).partition(":")[0]
-        wanted = chip if chip == "cpu" else f"{chip}:{distributed.rank()}"
-    device = anychip.set_device(wanted)
+    device = anychip.set_device(ranks.rank_device(args.device))
     simulated = describe(device.split(":")[0]).status == "simulated"
     path = resolve(args.model)
     checkpoint = load_checkpoint(path, weights=args.weights)

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from ..training import distributed
+from . import ranks
 
 
 def add_run_flags(p) -> None:
@@ -44,13 +45,6 @@ def lora_config(args, model_path: Path):
                       base_weights=getattr(args, "lora_base", "float"), seed=args.seed)
 
 
-def _chip(args) -> str:
-    """The chip --device names (its default when not given), without an index."""
-    from anychip.selection import default_device
-
-    return (args.device or default_device()).partition(":")[0]
-
-
 def launch_ranks(args) -> int | None:
     """With ``--nproc N`` (N > 1) in a process that is not one of the ranks yet: runs this command
     as N ranks under paddle.distributed.launch and returns their exit status; else None."""
@@ -67,28 +61,7 @@ def launch_ranks(args) -> int | None:
                              "each rank holds a split model already: pass one of them")
     if args.nproc == 1 or distributed.launched():
         return None
-    if ":" in (args.device or ""):
-        raise ValueError(f"--device {args.device} names one device; with --nproc {args.nproc} rank r takes device r "
-                         "of the chip: pass the chip alone (e.g. --device npu)")
-    chip = _chip(args)
-    if chip != "cpu":
-        require_ranks(chip, args.nproc)
-    return distributed.launch(args.argv, args.nproc, chip)
-
-
-def require_ranks(chip: str, nproc: int) -> None:
-    """Refuses --nproc on a chip without ``nproc`` devices or without collectives, before any
-    rank starts."""
-    from anychip.devices import describe
-    from anychip.runtime import open_runtime
-    from anychip.runtime.collectives import require_collectives
-
-    info = describe(chip)
-    if info.count < nproc:
-        more = " (a simulated chip has ANYCHIP_SIM_DEVICES of them)" if info.status == "simulated" else ""
-        raise ValueError(f"--nproc {nproc} on {chip}: rank r takes {chip}:r, and {chip} has {info.count} "
-                         f"device(s){more}")
-    require_collectives(open_runtime(chip))
+    return ranks.launch(args.device, args.argv, args.nproc)
 
 
 def training_device(args) -> tuple[str, int]:
@@ -99,11 +72,7 @@ def training_device(args) -> tuple[str, int]:
     import anychip
     from anychip.devices import describe
 
-    wanted = args.device
-    if distributed.launched():
-        chip = _chip(args)
-        wanted = chip if chip == "cpu" else f"{chip}:{distributed.rank()}"
-    name, _, index = anychip.set_device(wanted).partition(":")
+    name, _, index = anychip.set_device(ranks.rank_device(args.device)).partition(":")
     if describe(name).status == "simulated" and distributed.rank() == 0:
         print(f"anychip: {name} is simulated: its timings are the host CPU's, not the chip's", file=sys.stderr)
     return name, int(index or 0)
