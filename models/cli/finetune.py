@@ -67,6 +67,7 @@ def run(args) -> int:
             if getattr(args, flag) < 1:
                 raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     from ..training.data import format_bad_records, load_sft_data
+    from ..tensor_parallel import check as check_tensor_parallel
     from ..training.distributed import join
     from ..training.model import TrainableModel
     from ..training.trainer import Trainer, device_label
@@ -79,6 +80,9 @@ def run(args) -> int:
     dev = _eval_examples(args, fmt)
     lora = lora_config(args, path)
     prefix = _prefix_config(args, path)
+    # before the process groups, so that every rank refuses a degree the model cannot take alike,
+    # instead of one rank's refusal reaching the others as a broken connection
+    check_tensor_parallel(base.config, args.tensor_parallel)
     world = join(device, args.tensor_parallel)
     model = TrainableModel(base, device, lora=lora, recompute=args.recompute, seed=args.seed,
                            compute_dtype=args.compute_dtype, prefix=prefix, tp=world.tp)

@@ -60,6 +60,7 @@ def run(args) -> int:
                          f"{SAMPLE_CONFIG})")
     from ..loader import load_checkpoint
     from ..hub import resolve
+    from ..tensor_parallel import check as check_tensor_parallel
     from ..training.distributed import join
     from ..training.from_scratch import new_checkpoint
     from ..training.model import TrainableModel
@@ -86,6 +87,9 @@ def run(args) -> int:
     if bad:
         print(format_bad_documents(bad), file=sys.stderr)
     train = TokenSequences(stream, args.max_length, args.document_mask)
+    # before the process groups, so that every rank refuses a degree the model cannot take alike,
+    # instead of one rank's refusal reaching the others as a broken connection
+    check_tensor_parallel(base.config, args.tensor_parallel)
     world = join(device, args.tensor_parallel)
     model = TrainableModel(base, device, recompute=args.recompute, seed=args.seed, compute_dtype=args.compute_dtype,
                            tp=world.tp)
