@@ -256,7 +256,7 @@ class _Gather(paddle.autograd.PyLayer):
 
         ctx.rank, ctx.width = rank, x.shape[-1]
         parts = []
-        dist.all_gather(parts, x.contiguous() if hasattr(x, "contiguous") else x, group=group)
+        dist.all_gather(parts, x, group=group)
         return paddle.concat(parts, axis=-1)
 
     @staticmethod

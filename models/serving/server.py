@@ -183,13 +183,11 @@ async def _disconnected(request: Request) -> None:
 
 
 class _Reply:
-    """One request's choices as their events arrive: their text, their log-probabilities, and how
-    each ended."""
+    """One request's choices as their events arrive: their text and how each ended."""
 
     def __init__(self, handles: list, shaper: Shaper, parsed):
         self.handles, self.shaper, self.parsed = handles, shaper, parsed
         self.parts = [[] for _ in handles]
-        self.entries = [[] for _ in handles]
         self.done = [None] * len(handles)
 
     @property
@@ -268,7 +266,6 @@ async def _stream(reply: _Reply, events: asyncio.Queue):
                 logprobs = shaper.logprobs(event.logprobs, offset=offsets[index])
                 if shaper.kind != "chat":
                     offsets[index] += sum(len(t) for t in logprobs["tokens"])
-                reply.entries[index].extend(event.logprobs)
             if event.kind == "text":
                 yield _sse(shaper.chunk(text=event.text, index=index, logprobs=logprobs))
                 continue
