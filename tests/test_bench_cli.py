@@ -6,12 +6,12 @@ which argument is wrong and what was expected."""
 from __future__ import annotations
 
 import json
-import struct
 import subprocess
 import sys
-import zlib
 
 import pytest
+
+from png_helpers import png_text
 
 SIMULATED = "simulated (host speed)"
 OPS = ("rms_norm", "weight_only_linear")
@@ -20,22 +20,6 @@ OPS = ("rms_norm", "weight_only_linear")
 def anychip(*args, timeout=180):
     return subprocess.run([sys.executable, "-m", "anychip.cli.main", *args], capture_output=True, text=True,
                           timeout=timeout)
-
-
-def png_text(path) -> dict:
-    """The tEXt chunks of a PNG (where matplotlib writes the chart's title)."""
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
-    chunks, pos = {}, 8
-    while pos < len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + length]
-        assert zlib.crc32(kind + body) == struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])[0]
-        if kind == b"tEXt":
-            key, _, value = body.partition(b"\0")
-            chunks[key.decode()] = value.decode("latin-1")
-        pos += 12 + length
-    return chunks
 
 
 @pytest.fixture(scope="module")

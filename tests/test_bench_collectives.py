@@ -5,31 +5,16 @@ target's verdict are nccl-tests' and the issue's."""
 from __future__ import annotations
 
 import json
-import struct
 import subprocess
 import sys
-import zlib
 
 import pytest
+
+from png_helpers import png_text
 
 from anychip_bench.bench_collectives import COLLECTIVES, bus_factor, parse_sizes, verdict
 
 SIMULATED = "simulated (host speed)"
-
-
-def png_text(path) -> dict:
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
-    chunks, pos = {}, 8
-    while pos < len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + length]
-        assert zlib.crc32(kind + body) == struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])[0]
-        if kind == b"tEXt":
-            key, _, value = body.partition(b"\0")
-            chunks[key.decode()] = value.decode("latin-1")
-        pos += 12 + length
-    return chunks
 
 
 def test_cli_writes_table_json_and_png_labelled_simulated(tmp_path):

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import anychip.runtime as rt
-from anychip.native import include_dir
 from anychip.runtime import abi
 from anychip.runtime.collectives import Communicator, has_collectives, unique_id
+from collective_helpers import old_abi_runtime, run_ranks
 
 OPS = ["sum", "prod", "max", "min", "avg"]
 NP = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16, "float64": np.float64,
@@ -289,20 +289,7 @@ CHILD = textwrap.dedent("""
 
 
 def _spawn(n, mode):
-    uid = unique_id(rt.open_device("npu:0"))
-    env = dict(os.environ, ANYCHIP_COLLECTIVE_TIMEOUT="2")
-    procs = [subprocess.Popen([sys.executable, "-c", CHILD, uid.hex(), str(r), str(n), mode],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-             for r in range(n)]
-    outs = []
-    for p in procs:
-        try:
-            outs.append((p.wait(timeout=30), p.stdout.read()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("a rank hung")
-    return uid, outs
+    return run_ranks(CHILD, n, [mode], 30, {"ANYCHIP_COLLECTIVE_TIMEOUT": "2"})
 
 
 def test_a_failed_collective_reaches_the_streams_and_events_ordered_after_it(monkeypatch):
@@ -357,34 +344,9 @@ def test_bad_arguments_are_named():
     g.close()
 
 
-SHIM = r"""
-#include <stddef.h>
-#include <string.h>
-#include <dlfcn.h>
-#include "anychip/device.h"
-/* A plugin as built against ABI 1.1: the simulator with the collective slots left NULL. */
-AnychipStatus anychip_device_init(AnychipDeviceInterface* iface, const char* options) {
-  void* lib = dlopen(SIM_PATH, RTLD_NOW | RTLD_LOCAL);
-  if (!lib) return ANYCHIP_ERROR_UNAVAILABLE;
-  AnychipDeviceInitFn init = (AnychipDeviceInitFn)dlsym(lib, "anychip_device_init");
-  AnychipStatus s = init(iface, options);
-  size_t start = offsetof(AnychipDeviceInterface, comm_get_unique_id_size);
-  memset((char*)iface + start, 0, sizeof(*iface) - start);
-  iface->abi_version = (1 << 16) | 1;
-  return s;
-}
-"""
-
-
 @pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
 def test_a_plugin_built_against_abi_1_1_has_no_collectives(tmp_path):
-    sim = rt.open_device("npu:0").runtime._lib._name
-    src = tmp_path / "old.c"
-    src.write_text(SHIM)
-    lib = tmp_path / "libold.so"
-    subprocess.run(["cc", "-shared", "-fPIC", f"-I{include_dir()}", f'-DSIM_PATH="{sim}"', str(src),
-                    "-o", str(lib), "-ldl"], check=True)
-    old = rt.Runtime("oldchip", str(lib), options="name=oldchip;devices=1")
+    old = old_abi_runtime(tmp_path)
     dev = rt.Device(old, 0)
     assert not has_collectives(old)
     with pytest.raises(rt.AnychipError, match=r"^oldchip has no collectives \(its plugin implements "
@@ -508,20 +470,8 @@ LARGE_CHILD = textwrap.dedent("""
 
 
 def _spawn_large(n, dtypes, env=None):
-    uid = unique_id(rt.open_device("npu:0"))
-    env = dict(os.environ, ANYCHIP_COLLECTIVE_TIMEOUT="20", **(env or {}))
     tests = os.path.dirname(os.path.abspath(__file__))
-    procs = [subprocess.Popen([sys.executable, "-c", LARGE_CHILD, uid.hex(), str(r), str(n), dtypes, tests],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-             for r in range(n)]
-    outs = []
-    for p in procs:
-        try:
-            outs.append((p.wait(timeout=120), p.stdout.read()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("a rank hung")
+    uid, outs = run_ranks(LARGE_CHILD, n, [dtypes, tests], 120, {"ANYCHIP_COLLECTIVE_TIMEOUT": "20", **(env or {})})
     assert [rc for rc, _ in outs] == [0] * n, outs
     assert not os.path.exists("/dev/shm/" + uid.rstrip(b"\0").decode().lstrip("/"))
 

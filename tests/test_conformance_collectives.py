@@ -12,8 +12,8 @@ import pytest
 import anychip.runtime as rt
 from anychip.conformance import DEFAULT_SECTIONS, FAIL, PASS, SKIPPED, collectives, run_collectives
 from anychip.conformance.report import Report
-from anychip.native import include_dir
 from anychip.runtime.collectives import Communicator
+from collective_helpers import old_abi_runtime
 
 NAMES = {"send_recv_order", "group", "missing_rank_times_out"}
 
@@ -63,34 +63,9 @@ def test_a_wrong_all_reduce_is_caught_and_named(monkeypatch):
     assert next(r for r in results if (r.name, r.dtype) == ("reduce", "float32")).status == PASS
 
 
-SHIM = r"""
-#include <stddef.h>
-#include <string.h>
-#include <dlfcn.h>
-#include "anychip/device.h"
-/* A plugin as built against ABI 1.1: the simulator with the collective slots left NULL. */
-AnychipStatus anychip_device_init(AnychipDeviceInterface* iface, const char* options) {
-  void* lib = dlopen(SIM_PATH, RTLD_NOW | RTLD_LOCAL);
-  if (!lib) return ANYCHIP_ERROR_UNAVAILABLE;
-  AnychipDeviceInitFn init = (AnychipDeviceInitFn)dlsym(lib, "anychip_device_init");
-  AnychipStatus s = init(iface, options);
-  size_t start = offsetof(AnychipDeviceInterface, comm_get_unique_id_size);
-  memset((char*)iface + start, 0, sizeof(*iface) - start);
-  iface->abi_version = (1 << 16) | 1;
-  return s;
-}
-"""
-
-
 @pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
 def test_a_plugin_built_against_abi_1_1_is_skipped_not_failed(tmp_path):
-    sim = rt.open_device("npu:0").runtime._lib._name
-    src = tmp_path / "old.c"
-    src.write_text(SHIM)
-    lib = tmp_path / "libold.so"
-    subprocess.run(["cc", "-shared", "-fPIC", f"-I{include_dir()}", f'-DSIM_PATH="{sim}"', str(src),
-                    "-o", str(lib), "-ldl"], check=True)
-    old = rt.Device(rt.Runtime("oldchip", str(lib), options="name=oldchip;devices=1"), 0)
+    old = rt.Device(old_abi_runtime(tmp_path), 0)
     (result,) = run_collectives(old)
     assert (result.section, result.name, result.status) == ("collectives", "plugin", SKIPPED)
     assert result.detail.startswith("no collectives (ABI 1.1): oldchip's plugin leaves the collective functions")
