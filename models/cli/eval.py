@@ -108,6 +108,7 @@ def run(args) -> int:
 
 def run_mc(args) -> int:
     import anychip
+    from anychip.devices import describe
     from tqdm import tqdm
 
     from ..loader import load_checkpoint
@@ -117,15 +118,18 @@ def run_mc(args) -> int:
 
     items = read_items(Path(args.data))
     device = anychip.set_device(args.device)
+    simulated = describe(device.split(":")[0]).status == "simulated"
     checkpoint = load_checkpoint(resolve(args.model), weights=args.weights)
     model = LlamaForCausalLM(checkpoint, device)
     with tqdm(total=len(items), desc="items", unit="item", file=sys.stderr, disable=args.json) as bar:
         result = multiple_choice(model, checkpoint.tokenizer, items, progress=bar.update)
     if args.json:
-        print(json.dumps({"model": args.model, "weights": args.weights, "data": args.data, "device": device, **result}))
+        print(json.dumps({"model": args.model, "weights": args.weights, "data": args.data, "device": device,
+                          "simulated": simulated, **result}))
     else:
+        label = f"{device} (simulated)" if simulated else device
         print(f"{args.model}: accuracy {result['accuracy']:.4f} ({result['correct']} of {result['items']} items of "
-              f"{args.data}, {device})")
+              f"{args.data}, {label})")
     return 0
 
 
