@@ -340,3 +340,48 @@ def test_llama_cpp_long_context_decode(benchmark, bench, gguf_path, loaded):
               label=f"llama.cpp (llama-cpp-python, Q4_1 GGUF, float16 KV cache, {THREADS} threads)",
               min_rounds=3, max_rounds=6, warmup=1,
               amount=float(nbytes * LONG_DECODE_TOKENS + kv_bytes_read(ckpt, 2)))
+
+
+# ---- tensor parallel: the fused step by half layers against op by op ---------------------------
+# SmolLM2-135M (float weights) split 3 ways (its 9 heads and 3 key/value heads allow no 2) on
+# the simulated npu, as `anychip generate --nproc 3 --tensor-parallel 3` runs it: decode tok/s
+# from the command's own timings, fused by parts (two launches per layer, the ranks' all-reduce
+# between them) against --no-fused (about twelve ops per layer). The ranks share this machine's
+# cores: a ratio between the two paths in one run, never the chip's speed.
+
+TP_RANKS, TP_TOKENS, TP_RUNS = 3, 48, 3
+
+
+def tp_case(ckpt) -> Case:
+    return Case(f"SmolLM2-135M decode on {TP_RANKS} tensor-parallel ranks of npu (simulated), float weights", "memory",
+                float(weight_stats(ckpt)[0]), pattern="read",
+                targets=(FasterThan("anychip_tp_op_by_op", 1.0, "the same ranks decoding op by op"),),
+                note=f"bytes: the whole model's weights per token (each rank reads 1/{TP_RANKS}); "
+                     f"{TP_RUNS} runs of up to {TP_TOKENS} tokens; the ranks share the host's cores")
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-parts", "op-by-op"])
+def test_tensor_parallel_decode(benchmark, bench, gguf_path, fused):
+    import json
+    import subprocess
+    import sys
+
+    from anychip_models.loader import load_checkpoint
+
+    env = {**os.environ, "ANYCHIP_SIM_DEVICES": str(TP_RANKS)}
+    command = [sys.executable, "-m", "anychip.cli.main", "generate", "--model", str(gguf_path), "--weights", "float",
+               "--device", "npu", "--nproc", str(TP_RANKS), "--tensor-parallel", str(TP_RANKS), "--json",
+               "--max-new-tokens", str(TP_TOKENS), "Tell me a long story about a dragon."]
+    samples = []
+    for _ in range(TP_RUNS):
+        run = subprocess.run(command + ([] if fused else ["--no-fused"]), env=env, capture_output=True, text=True,
+                             timeout=900)
+        assert run.returncode == 0, run.stderr[-3000:]
+        out = run.stdout[run.stdout.index("{"):]  # rank 0's JSON after the launcher's lines
+        timings = json.JSONDecoder().raw_decode(out)[0]["timings"]
+        samples.append(timings["decode_s"] / timings["decode_tokens"])
+    benchmark.extra_info["runs"] = TP_RUNS
+    label = ("anychip fused decoder_step by half layers" if fused else "anychip op by op") + f", {TP_RANKS} ranks"
+    bench.collector.record(tp_case(load_checkpoint(gguf_path, weights="float")),
+                           "anychip" if fused else "anychip_tp_op_by_op", samples, extra_info=benchmark.extra_info,
+                           label=label, notes="seconds per decoded token, median of the runs")

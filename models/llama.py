@@ -141,8 +141,8 @@ class LlamaForCausalLM(paddle.nn.Layer):
 
     ``tp``: this rank's share of a tensor-parallel model (:mod:`anychip_models.tensor_parallel`):
     ``config`` is then the rank's (its heads and MLP features), and every rank returns all the
-    logits. The fused decode step is one launch for all layers, with no room for the ranks'
-    collectives between them: a tensor-parallel model decodes op by op."""
+    logits. Its fused decode step goes by parts (:meth:`decode`): two launches per layer, the
+    ranks summing each half layer's output between them."""
 
     def __init__(self, checkpoint: Checkpoint, device: tuple[str, int] | str = ("cpu", 0), x_int8: bool = False,
                  bf16: bool = False, kv_dtype: str = "float32", tp: TensorParallel | None = None):
@@ -194,7 +194,7 @@ class LlamaForCausalLM(paddle.nn.Layer):
 
         uniform = all(len({fmt(getattr(l, kind)) for l in self.blocks}) == 1
                       for kind in ("qkv", "o", "gate_up", "down"))
-        self._fused_ok = self.tp is None and uniform and (not self.a8w8 or all(
+        self._fused_ok = uniform and (not self.a8w8 or all(
             lin.bits == 0 or (lin.in_features % 32 == 0 and (lin.group_size == -1 or lin.group_size % 32 == 0))
             for lin in linears))
         if bf16 and self._fused_ok and self.has_fused_decode():
@@ -366,8 +366,10 @@ class LlamaForCausalLM(paddle.nn.Layer):
             rows = None
             if cache_rows is not None:
                 rows = paddle.to_tensor(np.asarray(cache_rows, dtype=np.int64), place=place(self.device))
-            return ops.decoder_step(self.embed(tokens), positions, self._fused_weights(), cache.k, cache.v,
-                                    cache_rows=rows)
+            if self.tp is None:
+                return ops.decoder_step(self.embed(tokens), positions, self._fused_weights(), cache.k, cache.v,
+                                        cache_rows=rows)
+            return self._decode_split(self._embed(tokens), positions, cache, rows)
         if fused and not has_kernel:  # (weights the fused step cannot take are no device fallback)
             fallback.record_op_fallback(self.device[0], "decoder_step", cache.dtype,
                                         f"no {cache.dtype} decoder_step kernel on {self.device[0]}: decoding op by op")
@@ -376,6 +378,19 @@ class LlamaForCausalLM(paddle.nn.Layer):
         for i in range(tokens.shape[0]):  # sequences differ in length: one cache view each
             rows.append(self._decode_one(tokens[i:i + 1], int(pos[i]), cache, i if cache_rows is None else cache_rows[i]))
         return paddle.concat(rows, axis=0)
+
+    def _decode_split(self, h, positions, cache: KVCache, rows):
+        """A tensor-parallel rank's fused decode step: each half layer (attention by this rank's
+        heads, the MLP by its inner features) is one launch whose output is the rank's partial
+        sum; the ranks' sum joins the residual stream ``h`` before the next launch, and the
+        head's vocabulary chunks are gathered at the end."""
+        weights = self._fused_weights()
+        for i in range(weights.num_layers):
+            for half in ("attention", "mlp"):
+                h = h + self.tp.reduce(ops.decoder_step(h, positions, weights, cache.k, cache.v, rows, part=half,
+                                                        layer=i))
+        logits = ops.decoder_step(h, positions, weights, cache.k, cache.v, rows, part="head")
+        return self.tp.gather(logits, self.config.vocab_size)
 
     def _decode_one(self, token, pos: int, cache: KVCache, row: int):
         c = self.config

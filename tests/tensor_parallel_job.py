@@ -1,6 +1,6 @@
 """One rank of a job that test_tensor_parallel starts under ``python -m paddle.distributed.launch``:
 the model of $MODEL split across the ranks on $CHIP, its logits for a fixed batch (prefill and
-one cached decode step) written by rank 0 to $OUT/logits.npz."""
+one cached decode step, fused by parts and op by op) written by rank 0 to $OUT/logits.npz."""
 
 import os
 
@@ -21,11 +21,14 @@ world = join(device, int(os.environ["TP"]))
 model = LlamaForCausalLM(load_checkpoint(os.environ["MODEL"]), device, tp=world.tp)
 tokens = np.random.default_rng(0).integers(0, model.config.vocab_size, size=(2, 7))
 dev = place(device)
+steps = {}
 with paddle.no_grad():
-    cache = model.new_cache(2, 16)
-    prefill = model(paddle.to_tensor(tokens, place=dev), paddle.to_tensor(np.tile(np.arange(7), (2, 1)), place=dev),
-                    cache)
-    step = model.decode(paddle.to_tensor(tokens[:, 0], place=dev), paddle.to_tensor(np.array([7, 7]), place=dev),
-                        cache)
+    for fused in (True, False):
+        cache = model.new_cache(2, 16)
+        prefill = model(paddle.to_tensor(tokens, place=dev),
+                        paddle.to_tensor(np.tile(np.arange(7), (2, 1)), place=dev), cache)
+        steps[fused] = model.decode(paddle.to_tensor(tokens[:, 0], place=dev),
+                                    paddle.to_tensor(np.array([7, 7]), place=dev), cache, fused=fused).numpy()
 if world.main:
-    np.savez(os.path.join(os.environ["OUT"], "logits.npz"), prefill=prefill.numpy(), decode=step.numpy(), tokens=tokens)
+    np.savez(os.path.join(os.environ["OUT"], "logits.npz"), prefill=prefill.numpy(), decode=steps[True],
+             decode_op_by_op=steps[False], tokens=tokens, fused=model.has_fused_decode())

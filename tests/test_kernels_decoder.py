@@ -777,3 +777,89 @@ def test_cache_rows_must_be_distinct_rows_of_the_cache():
     for rows, message in (([0] * b, "distinct"), ([5] + list(range(1, b)), "distinct rows"), ([0], r"\[batch\]")):
         with pytest.raises(OpArgumentError, match=message):
             ops.decoder_step(x, positions, weights, k, v, cache_rows=tensor(np.array(rows, np.int64), "cpu"))
+
+
+# ---- one part at a time: how a tensor-parallel rank decodes -------------------------------------
+
+def step_by_parts(model, state, device, reference=False, rows=None):
+    """The op's (logits, k_cache, v_cache) from its parts: each layer's attention half, then its
+    MLP half, each added to h here, then the head (what a tensor-parallel rank launches)."""
+    import anychip.ops as ops
+    from anychip.ops.decoder import _DecoderStep
+    from ops_helpers import host, tensor
+
+    weights = op_weights(model, device)
+    x, positions, k_cache, v_cache = (tensor(a, device) for a in state)
+    extra = [] if rows is None else [tensor(np.array(rows, np.int64), device)]
+
+    def part(h, name, layer=0):
+        if reference:
+            return _DecoderStep(weights, state[1].tolist(), rows, name, layer).reference(h, positions, k_cache,
+                                                                                          v_cache, *extra)
+        return ops.decoder_step(h, positions, weights, k_cache, v_cache, *extra, part=name, layer=layer)
+
+    h = x
+    for i in range(model["cfg"]["L"]):
+        for half in ("attention", "mlp"):
+            out = part(h, half, i)
+            assert out.shape == [len(state[1]), model["cfg"]["C"]]
+            h = h + out
+    return host(part(h, "head")), host(k_cache), host(v_cache)
+
+
+@pytest.mark.parametrize("device", ["cpu", "npu"])
+@pytest.mark.parametrize("name", ["f32", "int4-g32-offsets", "bf16"])
+def test_parts_chained_equal_the_whole_step_bit_for_bit(device, name):
+    """The kernel adds a half layer's product to h as a float32 add, as the caller does between
+    parts: the chained parts give the whole step's logits and caches exactly."""
+    model = make_model(21, dict.fromkeys(KINDS, FORMATS[name]), name != "f32")
+    state = make_state(21)
+    whole = op_step(model, state, device)
+    parts = step_by_parts(model, state, device)
+    for got, want in zip(parts, whole):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_parts_with_cache_rows_and_their_reference():
+    """Parts decode sequences in chosen cache rows, and the reference's parts agree."""
+    model = make_model(22, dict.fromkeys(KINDS, FORMATS["int8-g32"]), True)
+    x, positions, k, v = make_state(22)
+    rows = list(range(len(positions) - 1, -1, -1))
+    k, v = k[:, rows], v[:, rows]  # sequence b's history now in row rows[b]
+    got = step_by_parts(model, (x, positions, k, v), "cpu", rows=rows)
+    want = step_by_parts(model, (x, positions, k, v), "cpu", reference=True, rows=rows)
+    whole = oracle(model, x, positions, *(c[:, rows] for c in (k, v)))
+    tol = 1e-4 * np.abs(whole[0]).max()
+    np.testing.assert_allclose(got[0], whole[0], rtol=1e-4, atol=tol)
+    np.testing.assert_allclose(want[0], whole[0], rtol=1e-4, atol=tol)
+    np.testing.assert_allclose(got[1][:, rows], whole[1], rtol=1e-5, atol=1e-5)
+
+
+def test_parts_reject_an_unknown_part_or_layer():
+    import anychip.ops as ops
+    from anychip.ops import OpArgumentError
+    from ops_helpers import tensor
+
+    model = make_model(16, dict.fromkeys(KINDS, FORMATS["f32"]), False)
+    x, positions, k, v = (tensor(a, "cpu") for a in make_state(16))
+    weights = op_weights(model, "cpu")
+    with pytest.raises(OpArgumentError, match=r"decoder_step: part must be one of all, attention, mlp, head, got 'ffn'"):
+        ops.decoder_step(x, positions, weights, k, v, part="ffn")
+    for layer in (2, -1, 1.0, True):
+        with pytest.raises(OpArgumentError, match=r"layer must be an int in \[0, 2\)"):
+            ops.decoder_step(x, positions, weights, k, v, part="mlp", layer=layer)
+
+
+def test_kernel_rejects_a_part_it_does_not_know():
+    model = make_model(16, dict.fromkeys(KINDS, FORMATS["f32"]), False)
+    x, positions, k, v = make_state(16)
+    weights, attrs = kernel_inputs(model)
+    out = np.zeros((len(x), model["cfg"]["C"]), np.float32)
+    for extra, message in (([0.0, 0.0, 4.0, 0.0], "part must be 0"), ([0.0, 0.0, 1.0, 2.0], "layer must be one of"),
+                           ([0.0, 0.0, 1.0], None)):
+        if message is None:  # part 1 without a layer: layer 0; a [B, V] output is the wrong shape
+            with pytest.raises(RuntimeError, match=r"the output must be contiguous float32 \[3, 128\]"):
+                run_kernel([x, positions] + weights, [np.zeros((3, 100), np.float32), k, v], attrs + extra)
+            continue
+        with pytest.raises(RuntimeError, match=message):
+            run_kernel([x, positions] + weights, [out, k, v], attrs + extra)

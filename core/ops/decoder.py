@@ -27,6 +27,9 @@ from .quant import dequantize, quantize_x_int8, x_int8_fits, x_int8_run
 from .rotary import _Rotary
 
 OP = "decoder_step"
+# What one launch runs (kernel.h's `part` attribute): the whole step, or one piece of it for a
+# tensor-parallel rank, whose ranks sum each half layer's output between launches.
+PARTS = {"all": 0, "attention": 1, "mlp": 2, "head": 3}
 # The KV cache's dtypes, which pick the kernel (x and the logits are float32 whatever they are).
 CACHE_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -232,18 +235,24 @@ class DecoderWeights:
 class _DecoderStep(OpImpl):
     name = OP
 
-    def __init__(self, weights: DecoderWeights, positions: list[int], rows: list[int] | None = None):
+    def __init__(self, weights: DecoderWeights, positions: list[int], rows: list[int] | None = None,
+                 part: str = "all", layer: int = 0):
         self.weights, self.positions, self.rows = weights, positions, rows
+        self.part, self.layer = part, layer
 
     def forward(self, kernel, x, positions, k_cache, v_cache, cache_rows=None):
         w = self.weights
-        logits = empty([x.shape[0], w.vocab], "float32", w.device)
+        half = self.part in ("attention", "mlp")
+        out = empty([x.shape[0], w.hidden if half else w.vocab], "float32", w.device)
         inputs, attrs = [x, positions], w.attrs
         if cache_rows is not None:
             inputs.append(cache_rows)
-            attrs = attrs + ([] if w.x_int8 else [0.0]) + [1.0]
-        launch(kernel, OP, w.device, inputs + w.tensors, [logits, k_cache, v_cache], attrs, described=w.descriptors)
-        return logits, (), [logits]
+        if cache_rows is not None or self.part != "all":  # the optional attrs go in order
+            attrs = attrs + ([] if w.x_int8 else [0.0]) + [float(cache_rows is not None)]
+        if self.part != "all":
+            attrs = attrs + [float(PARTS[self.part]), float(self.layer)]
+        launch(kernel, OP, w.device, inputs + w.tensors, [out, k_cache, v_cache], attrs, described=w.descriptors)
+        return out, (), [out]
 
     def reference(self, x, positions, k_cache, v_cache, cache_rows=None):
         pd, w = paddle(), self.weights
@@ -273,8 +282,14 @@ class _DecoderStep(OpImpl):
             return y
 
         h = x
+        part, layers = self.part, list(enumerate(w.layers))
+        if part != "all":
+            layers = [] if part == "head" else [layers[self.layer]]
         with pd.no_grad():
-            for i, layer in enumerate(w.layers):
+            for i, layer in layers:
+                if part == "mlp":
+                    g, u = pd.split(linear(norm(h, layer.ffn_norm), layer.gate_up, w.hidden), 2, axis=-1)
+                    return linear(pd.nn.functional.silu(g) * u, layer.down, w.intermediate)
                 qkv = linear(norm(h, layer.attn_norm), layer.qkv, w.hidden)
                 if layer.qkv_bias is not None:
                     qkv = qkv + layer.qkv_bias
@@ -285,13 +300,16 @@ class _DecoderStep(OpImpl):
                     v_cache[i, rows[s], pos] = v[s, 0].astype(v_cache.dtype)
                 keys, values = (pd.index_select(c[i].astype("float32"), row_index) for c in (k_cache, v_cache))
                 o, _lse = reference_attention(q, keys, values, 1.0 / math.sqrt(d), False, visible)
+                if part == "attention":
+                    return linear(o.reshape([b, hq * d]), layer.o, hq * d)
                 h = h + linear(o.reshape([b, hq * d]), layer.o, hq * d)
                 g, u = pd.split(linear(norm(h, layer.ffn_norm), layer.gate_up, w.hidden), 2, axis=-1)
                 h = h + linear(pd.nn.functional.silu(g) * u, layer.down, w.intermediate)
             return linear(norm(h, w.final_norm), w.head, w.hidden)
 
 
-def decoder_step(x, positions, weights: DecoderWeights, k_cache, v_cache, cache_rows=None):
+def decoder_step(x, positions, weights: DecoderWeights, k_cache, v_cache, cache_rows=None, part: str = "all",
+                 layer: int = 0):
     """One decode step: ``x`` float32 [B, C] (the new tokens' embeddings) at ``positions`` int64
     [B] (each sequence's position, also its cache slot) through every layer of ``weights`` ->
     logits float32 [B, V].
@@ -304,9 +322,24 @@ def decoder_step(x, positions, weights: DecoderWeights, k_cache, v_cache, cache_
     ``cache_rows[b]`` (int64 [B], distinct rows in [0, R)), or b when ``cache_rows`` is None
     (then R = B): with rows, any B sequences of a cache with room for R decode together, as
     continuous batching needs. Forward only.
+
+    ``part`` runs one piece of the step from h = ``x`` instead of the whole: ``"attention"``,
+    layer ``layer``'s attention half (writing its cache slots), returns its output projection
+    [B, C] without the residual add; ``"mlp"``, that layer's MLP half [B, C], likewise;
+    ``"head"``, the final norm and head [B, V]. A tensor-parallel rank decodes so, summing each
+    half's output with its peers' and adding it to h between launches::
+
+        for i in range(weights.num_layers):
+            for half in ("attention", "mlp"):
+                h = h + all_reduce(decoder_step(h, positions, weights, k, v, part=half, layer=i))
+        logits = all_gather(decoder_step(h, positions, weights, k, v, part="head"))
     """
     if not isinstance(weights, DecoderWeights):
         _fail(f"weights must be a DecoderWeights, got {type(weights).__name__}")
+    if part not in PARTS:
+        _fail(f"part must be one of {', '.join(PARTS)}, got {part!r}")
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < weights.num_layers:
+        _fail(f"layer must be an int in [0, {weights.num_layers}), got {layer!r}")
     x = checks.tensor(OP, "x", x)
     positions = checks.tensor(OP, "positions", positions)
     k_cache, v_cache = checks.tensor(OP, "k_cache", k_cache), checks.tensor(OP, "v_cache", v_cache)
@@ -344,5 +377,5 @@ def decoder_step(x, positions, weights: DecoderWeights, k_cache, v_cache, cache_
         if not 0 <= p < s:
             _fail(f"positions[{i}] = {p} is outside the cache's slots [0, {s})")
     extra = [] if rows is None else [cache_rows]
-    return run(_DecoderStep(weights, pos, rows), weights.device, kv_dtype, x, positions, k_cache, v_cache, *extra,
+    return run(_DecoderStep(weights, pos, rows, part, layer), weights.device, kv_dtype, x, positions, k_cache, v_cache, *extra,
                differentiable=False)

@@ -93,7 +93,7 @@ def add_parallel_flags(p, what: str) -> None:
                         "(with --tensor-parallel N)")
     g.add_argument("--tensor-parallel", type=int, default=1, metavar="K",
                    help="split the model across K ranks (attention by heads, the MLP by its inner features, the "
-                        f"vocabulary in chunks; float weights; decoding op by op); {what}")
+                        f"vocabulary in chunks; float weights); {what}")
 
 
 def launch_tensor_parallel(args) -> int | None:
@@ -140,8 +140,10 @@ def open_session(args) -> Session:
     model = LlamaForCausalLM(checkpoint, device, x_int8=args.int8_activations, bf16=args.bf16,
                              kv_dtype=args.kv_cache, tp=world.tp)
     if world.tp is not None:
+        how = ("the fused decode step by half layers" if model.has_fused_decode() and not args.no_fused
+               else "decoding op by op")
         print(f"anychip: rank {world.rank} of {world.size} holds 1/{world.tp.size} of the model "
-              "(tensor parallel; decoding op by op)", file=sys.stderr)
+              f"(tensor parallel; {how})", file=sys.stderr)
     if simulated and world.main:
         print(f"anychip: {device} is simulated: its timings are the host CPU's, not the chip's", file=sys.stderr)
     return Session(Generator(model, checkpoint.tokenizer, fused=not args.no_fused), checkpoint.tokenizer, device,

@@ -130,7 +130,15 @@
  *                    (every layer shares the formats); then optionally x_int8 (absent: 0): the
  *                    quantized LINs take x as weight_only_linear does with x_int8 = 1; then
  *                    optionally has_cache_rows (absent: 0), which lets a batch of B sequences
- *                    decode in any B of R cache rows (continuous batching: rows come and go).
+ *                    decode in any B of R cache rows (continuous batching: rows come and go);
+ *                    then optionally part (absent: 0, the whole step) and layer, which run one
+ *                    part of it from h = x: part 1, layer `layer`'s attention half (its cache
+ *                    slot written as below), output o W_o^T [B, C] in place of the logits,
+ *                    without the residual add; part 2, that layer's MLP half, output
+ *                    (silu(g) * u) W_down^T [B, C]; part 3, the final norm and head, logits
+ *                    [B, V]. Every layer's inputs are passed whatever the part. (A
+ *                    tensor-parallel rank decodes so: its weights are its heads' and inner
+ *                    features' share, and the ranks' sum of each half joins h between launches.)
  *                    Math per layer (h the residual stream, starting at x): a = rms_norm(h) *
  *                    attn_norm (eps); q, k, v = split(a W_qkv^T + qkv_bias); RoPE on q and k as
  *                    rotary_embedding with theta at positions[b]; cache slot written; o =

@@ -1,5 +1,10 @@
 // decoder_step: the decode step of a Llama-family model in one launch (kernel.h states the math).
 //
+// A launch may also run one part of the step (kernel.h's `part`): one layer's attention half or
+// MLP half, returning its product without the residual add, or the final norm and head. A
+// tensor-parallel rank decodes so, summing the halves' partial products with its peers between
+// the launches: the step has no place for a collective inside.
+//
 // One OpenMP region runs the whole step. Each thread takes one run of every product's output
 // rows (one run each, rather than many blocks handed out as threads come free, measured 5 to
 // 20% faster: each block's first rows wait on memory); attention goes by blocks of cache slots,
@@ -114,6 +119,11 @@ class Inputs {
     return error.empty();
   }
 
+  // The rows (dim 0) of the next input, 0 if there is none.
+  int64_t next_rows() const {
+    return next_ < call_->num_inputs && in(call_, next_).rank > 0 ? in(call_, next_).shape[0] : 0;
+  }
+
   bool all_taken() {
     if (error.empty() && next_ != call_->num_inputs)
       error = std::to_string(call_->num_inputs) + " inputs given, the attrs describe " + std::to_string(next_);
@@ -144,14 +154,19 @@ class Inputs {
   int next_ = 0;
 };
 
+// What a launch runs (kernel.h: decoder_step's `part`).
+enum class Part { kAll = 0, kAttention = 1, kMlp = 2, kHead = 3 };
+
 struct Step {
   const Model& m;
+  Part part;
+  int64_t layer;         // the layer of kAttention and kMlp
   int64_t b, s;
   int64_t r;             // rows of the cache
   const int64_t* pos;
   const int64_t* rows;   // the cache row of each sequence
   const float* x;
-  float* logits;
+  float* logits;         // [B, V], or [B, C] for kAttention and kMlp
   void *k_cache, *v_cache;  // float, bf16 or fp16: run's T
   Isa isa;
   int threads;
@@ -234,51 +249,67 @@ void run(const Step& st, float* scratch) {
         for (int64_t n = c_rows.begin; n < c_rows.end; ++n) h[b * C + n] += tmp[b * C + n];
     };
 
-    for (int64_t l = 0; l < m.layers; ++l) {
+    // A half layer's product goes out as it is: a tensor-parallel rank's partial sum.
+    auto put_product = [&](const Lin& w, const float* x) {
+      input.set(w, x);
+      decoder::gemv(input, c_rows.begin, c_rows.end, st.logits, C);
+    };
+    const bool attention = st.part == Part::kAll || st.part == Part::kAttention;
+    const bool mlp = st.part == Part::kAll || st.part == Part::kMlp;
+    const int64_t l0 = st.part == Part::kAll ? 0 : st.layer;
+    const int64_t l1 = st.part == Part::kAll ? m.layers : st.part == Part::kHead ? 0 : st.layer + 1;
+
+    for (int64_t l = l0; l < l1; ++l) {
       const Layer& layer = m.layer[l];
       T* kc = static_cast<T*>(st.k_cache) + l * st.r * st.s * slot;
       T* vc = static_cast<T*>(st.v_cache) + l * st.r * st.s * slot;
-      for (int64_t b = 0; b < B; ++b) decoder::rms_norm_row(h + b * C, layer.attn_norm, C, m.eps, a + b * C, isa);
+      if (attention) {
+        for (int64_t b = 0; b < B; ++b) decoder::rms_norm_row(h + b * C, layer.attn_norm, C, m.eps, a + b * C, isa);
 
-      input.set(layer.qkv, a);
-      decoder::gemv(input, qkv_rows.begin, qkv_rows.end, qkv, nqkv);
-      if (layer.qkv_bias != nullptr)
+        input.set(layer.qkv, a);
+        decoder::gemv(input, qkv_rows.begin, qkv_rows.end, qkv, nqkv);
+        if (layer.qkv_bias != nullptr)
+          for (int64_t b = 0; b < B; ++b)
+            for (int64_t n = qkv_rows.begin; n < qkv_rows.end; ++n) qkv[b * nqkv + n] += layer.qkv_bias[n];
+        team.barrier();
+
+        // Every unit rotates the q heads, and the last block of a sequence its new k, which it
+        // also writes to the cache: no thread waits for another's RoPE.
+        team.claim(l, static_cast<int64_t>(units.size()), [&](int64_t i) {
+          const AttentionUnit& u = units[i];
+          const int64_t past = st.pos[u.b], first = st.rows[u.b] * st.s;
+          const float* row = qkv + u.b * nqkv;
+          std::copy(row, row + (Hq + Hk) * D, q);
+          for (int64_t hh = 0; hh < Hq + Hk; ++hh) decoder::rope_row(q + hh * D, cs + u.b * D, half);
+          for (int64_t i = 0; i < slot; ++i) {
+            kv_new[i] = from_float<T>(k[i]);
+            kv_new[slot + i] = from_float<T>(row[(Hq + Hk) * D + i]);
+          }
+          if (u.j1 == past + 1) {
+            std::copy(kv_new, kv_new + slot, kc + (first + past) * slot);
+            std::copy(kv_new + slot, kv_new + 2 * slot, vc + (first + past) * slot);
+          }
+          for (int64_t hh = 0; hh < Hq; ++hh) {
+            const int64_t kh = hh / group, base = first * slot + kh * D;
+            const decoder::Keys<T> keys{kc + base, vc + base, slot, past, kv_new + kh * D, kv_new + slot + kh * D};
+            decoder::attend_block(keys, u.j0, u.j1, q + hh * D, D, scale, scores,
+                                  parts + ((u.b * Hq + hh) * blocks + u.c) * part, isa);
+          }
+        });
+        team.barrier();
+
         for (int64_t b = 0; b < B; ++b)
-          for (int64_t n = qkv_rows.begin; n < qkv_rows.end; ++n) qkv[b * nqkv + n] += layer.qkv_bias[n];
-      team.barrier();
+          for (int64_t hh = 0; hh < Hq; ++hh)
+            decoder::combine(parts + (b * Hq + hh) * blocks * part, counts[b], D, att + (b * Hq + hh) * D);
+        if (!mlp) {
+          put_product(layer.o, att);
+          break;
+        }
+        add_product(layer.o, att);
+        team.barrier();
+      }
 
-      // Every unit rotates the q heads, and the last block of a sequence its new k, which it
-      // also writes to the cache: no thread waits for another's RoPE.
-      team.claim(l, static_cast<int64_t>(units.size()), [&](int64_t i) {
-        const AttentionUnit& u = units[i];
-        const int64_t past = st.pos[u.b], first = st.rows[u.b] * st.s;
-        const float* row = qkv + u.b * nqkv;
-        std::copy(row, row + (Hq + Hk) * D, q);
-        for (int64_t hh = 0; hh < Hq + Hk; ++hh) decoder::rope_row(q + hh * D, cs + u.b * D, half);
-        for (int64_t i = 0; i < slot; ++i) {
-          kv_new[i] = from_float<T>(k[i]);
-          kv_new[slot + i] = from_float<T>(row[(Hq + Hk) * D + i]);
-        }
-        if (u.j1 == past + 1) {
-          std::copy(kv_new, kv_new + slot, kc + (first + past) * slot);
-          std::copy(kv_new + slot, kv_new + 2 * slot, vc + (first + past) * slot);
-        }
-        for (int64_t hh = 0; hh < Hq; ++hh) {
-          const int64_t kh = hh / group, base = first * slot + kh * D;
-          const decoder::Keys<T> keys{kc + base, vc + base, slot, past, kv_new + kh * D, kv_new + slot + kh * D};
-          decoder::attend_block(keys, u.j0, u.j1, q + hh * D, D, scale, scores,
-                                parts + ((u.b * Hq + hh) * blocks + u.c) * part, isa);
-        }
-      });
-      team.barrier();
-
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t hh = 0; hh < Hq; ++hh)
-          decoder::combine(parts + (b * Hq + hh) * blocks * part, counts[b], D, att + (b * Hq + hh) * D);
-      add_product(layer.o, att);
-      team.barrier();
       for (int64_t b = 0; b < B; ++b) decoder::rms_norm_row(h + b * C, layer.ffn_norm, C, m.eps, a + b * C, isa);
-
       input.set(layer.gate_up, a);
       decoder::gemv(input, f_rows.begin, f_rows.end, gu, 2 * F);
       decoder::gemv(input, F + f_rows.begin, F + f_rows.end, gu, 2 * F);
@@ -287,13 +318,19 @@ void run(const Step& st, float* scratch) {
                             f_rows.end - f_rows.begin, act + b * F + f_rows.begin, isa);
       team.barrier();
 
+      if (!attention) {
+        put_product(layer.down, act);
+        break;
+      }
       add_product(layer.down, act);
       team.barrier();
     }
 
-    for (int64_t b = 0; b < B; ++b) decoder::rms_norm_row(h + b * C, m.final_norm, C, m.eps, a + b * C, isa);
-    input.set(m.head, a);
-    decoder::gemv(input, v_rows.begin, v_rows.end, st.logits, m.v);
+    if (st.part == Part::kAll || st.part == Part::kHead) {
+      for (int64_t b = 0; b < B; ++b) decoder::rms_norm_row(h + b * C, m.final_norm, C, m.eps, a + b * C, isa);
+      input.set(m.head, a);
+      decoder::gemv(input, v_rows.begin, v_rows.end, st.logits, m.v);
+    }
   }
 }
 
@@ -302,9 +339,10 @@ void run(const Step& st, float* scratch) {
 ANYCHIP_CPU_KERNEL(decoder_step) {
   constexpr const char* kOp = "decoder_step";
   constexpr int kFormatAttrs = kFixedAttrs + kAttrsPerLin * kLinKinds;
-  if (call->num_attrs < kFormatAttrs || call->num_attrs > kFormatAttrs + 2)
-    return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: expected %d attrs (then optionally x_int8, has_cache_rows), got %d",
-                kOp, kFormatAttrs, call->num_attrs);
+  if (call->num_attrs < kFormatAttrs || call->num_attrs > kFormatAttrs + 4)
+    return fail(call, ANYCHIP_ERROR_UNSUPPORTED,
+                "%s: expected %d attrs (then optionally x_int8, has_cache_rows, part, layer), got %d", kOp, kFormatAttrs,
+                call->num_attrs);
   if (call->num_inputs < 2 || call->num_outputs != 3)
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: expected x, positions, the weights -> logits, k_cache, v_cache", kOp);
   Model m;
@@ -323,6 +361,13 @@ ANYCHIP_CPU_KERNEL(decoder_step) {
   const double has_rows = attr(call, kFormatAttrs + 1, 0.0);
   if (has_rows != 0.0 && has_rows != 1.0)
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: has_cache_rows must be 0 or 1, got %g", kOp, has_rows);
+  const double part = attr(call, kFormatAttrs + 2, 0.0), part_layer = attr(call, kFormatAttrs + 3, 0.0);
+  if (part != 0.0 && part != 1.0 && part != 2.0 && part != 3.0)
+    return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: part must be 0 (all), 1 (attention), 2 (mlp) or 3 (head), got %g",
+                kOp, part);
+  if (part_layer != std::floor(part_layer) || part_layer < 0.0 || part_layer >= attr(call, 0))
+    return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: layer must be one of the %g layers, got %g", kOp, attr(call, 0),
+                part_layer);
   if (m.layers < 1 || m.layers > call->num_inputs || m.hq < 1 || m.hk < 1 || m.hq % m.hk != 0 || m.d < 2 || m.d % 2 != 0 || m.f < 1 ||
       !(m.eps > 0.0f) || !(m.theta > 0.0f))
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED,
@@ -346,6 +391,7 @@ ANYCHIP_CPU_KERNEL(decoder_step) {
   if (xt.rank != 2 || logits.rank != 2 || kt.rank != 5)
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: x must be [B, C], logits [B, V], k_cache [L, B, S, Hk, D]", kOp);
   const int64_t B = xt.shape[0], R = kt.shape[1], S = kt.shape[2];
+  const bool half_layer = part == 1.0 || part == 2.0;  // the output is then [B, C], V the head's rows
   m.c = xt.shape[1];
   m.v = logits.shape[1];
   const int64_t nqkv = (m.hq + 2 * m.hk) * m.d;
@@ -367,6 +413,7 @@ ANYCHIP_CPU_KERNEL(decoder_step) {
     ins.lin(l, "down", fmt[3], m.c, m.f, &y.down);
   }
   m.final_norm = ins.floats(-1, "final_norm", "", {m.c});
+  if (half_layer) m.v = ins.next_rows();
   ins.lin(-1, "head", fmt[4], m.v, m.c, &m.head);
   if (!ins.all_taken()) return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: %s", kOp, ins.error.c_str());
 
@@ -380,9 +427,10 @@ ANYCHIP_CPU_KERNEL(decoder_step) {
                   static_cast<long long>(S), static_cast<long long>(m.hk), static_cast<long long>(m.d),
                   t == &kt ? "" : " of k_cache's dtype");
   }
-  if (logits.dtype != ANYCHIP_DTYPE_FLOAT32 || logits.shape[0] != B || !is_contiguous(logits))
-    return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: logits must be contiguous float32 [%lld, V]", kOp,
-                static_cast<long long>(B));
+  if (logits.dtype != ANYCHIP_DTYPE_FLOAT32 || logits.shape[0] != B || logits.shape[1] != (half_layer ? m.c : m.v) ||
+      !is_contiguous(logits))
+    return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: the output must be contiguous float32 [%lld, %lld]", kOp,
+                static_cast<long long>(B), static_cast<long long>(half_layer ? m.c : m.v));
   for (int64_t b = 0; b < B; ++b)
     if (pos[b] < 0 || pos[b] >= S)
       return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: positions[%lld] = %lld is outside the cache's [0, %lld)", kOp,
@@ -396,9 +444,9 @@ ANYCHIP_CPU_KERNEL(decoder_step) {
       return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: cache_rows[%lld] = %lld is outside [0, %lld) or repeated", kOp,
                   static_cast<long long>(b), static_cast<long long>(rows[b]), static_cast<long long>(cache[1]));
   }
-  if (B == 0 || m.v == 0) return ANYCHIP_OK;
+  if (B == 0 || logits.shape[1] == 0) return ANYCHIP_OK;
 
-  const Step step{m, B, S, cache[1], pos, rows.data(), x, data<float>(logits), kt.data, vt.data, isa(), threads(call)};
+  const Step step{m, static_cast<Part>(static_cast<int>(part)), static_cast<int64_t>(part_layer), B, S, cache[1], pos, rows.data(), x, data<float>(logits), kt.data, vt.data, isa(), threads(call)};
   return dispatch_float(call, kt.dtype, "decoder_step: k_cache", [&]<typename T>() {
     try {
       std::vector<float> scratch(static_cast<size_t>(shared_floats(m, B, S) + step.threads * own_floats(m, B)));
