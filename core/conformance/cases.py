@@ -369,16 +369,17 @@ def _decoder_weights(t, fmt, bias):
     return ops.DecoderWeights(layers, t["final_norm"], lin("head"), cfg["heads"], cfg["kv_heads"])
 
 
-def _decoder_call(fmt, bias, **t):
+def _decoder_call(fmt, bias, part, layer, **t):
     weights = _decoder_weights(t, fmt, bias)
-    logits = ops.decoder_step(t["x"], t["positions"], weights, t["k_cache"], t["v_cache"], t.get("cache_rows"))
+    logits = ops.decoder_step(t["x"], t["positions"], weights, t["k_cache"], t["v_cache"], t.get("cache_rows"),
+                              part=part, layer=layer)
     return logits, t["k_cache"], t["v_cache"]
 
 
-def _decoder_reference(fmt, bias, **t):
+def _decoder_reference(fmt, bias, part, layer, **t):
     weights = _decoder_weights(t, fmt, bias)
     rows = t["cache_rows"].numpy().tolist() if "cache_rows" in t else None
-    step = _DecoderStep(weights, t["positions"].numpy().tolist(), rows)
+    step = _DecoderStep(weights, t["positions"].numpy().tolist(), rows, part, layer)
     logits = step.reference(t["x"], t["positions"], t["k_cache"], t["v_cache"], t.get("cache_rows"))
     return logits, t["k_cache"], t["v_cache"]
 
@@ -391,12 +392,18 @@ def _decoder_step(dtype, rng):
     # No x_int8 here (weight_only_linear checks it): inside a whole step the activations differ
     # from the reference's in the last bit, and one of them near a .5 boundary rounds to another
     # int8 code, which moves the logits by far more than float32's tolerance.
-    for label, fmt, bias, positions, rows in [
-        ("float32 weights", (0, -1, False), False, [3, 0, 7], None),
-        ("int8 per channel, qkv bias", (8, -1, False), True, [5, 1], None),
-        ("int4 groups of 32 with offsets", (4, 32, True), False, [2, 6, 0], None),
-        ("int8 groups of 32, qkv bias, one sequence", (8, 32, False), True, [4], None),
-        ("2 sequences in rows 3 and 1 of a 4-row cache", (4, 64, False), False, [1, 6], [3, 1]),
+    # The parts are what a tensor-parallel rank launches: a kernel that ignored `part` would
+    # return logits where a half layer's partial sum belongs.
+    for label, fmt, bias, positions, rows, part, layer in [
+        ("float32 weights", (0, -1, False), False, [3, 0, 7], None, "all", 0),
+        ("int8 per channel, qkv bias", (8, -1, False), True, [5, 1], None, "all", 0),
+        ("int4 groups of 32 with offsets", (4, 32, True), False, [2, 6, 0], None, "all", 0),
+        ("int8 groups of 32, qkv bias, one sequence", (8, 32, False), True, [4], None, "all", 0),
+        ("2 sequences in rows 3 and 1 of a 4-row cache", (4, 64, False), False, [1, 6], [3, 1], "all", 0),
+        ("part attention of layer 1 (tensor parallel), qkv bias", (0, -1, False), True, [3, 0, 7], None,
+         "attention", 1),
+        ("part mlp of layer 0, int8 groups of 32, rows 2 and 0", (8, 32, False), False, [5, 2], [2, 0], "mlp", 0),
+        ("part head, int4 groups of 32 with offsets", (4, 32, True), False, [2, 6], None, "head", 0),
     ]:
         inputs = {"x": _normal(rng, len(positions), c).astype(np.float32),
                   "positions": np.array(positions, np.int64)}
@@ -419,12 +426,14 @@ def _decoder_step(dtype, rng):
         inputs.update(_decoder_linear_arrays(rng, "head", cfg["vocab"], c, fmt))
         bits, group_size, offsets = fmt
         attrs = {"bits": bits, "group_size": group_size, "offsets": offsets, "qkv_bias": bias,
-                 "positions": positions} | ({"cache_rows": rows} if rows else {})
+                 "positions": positions} | ({"cache_rows": rows} if rows else {}) | (
+                     {} if part == "all" else {"part": part, "layer": layer})
         summary = (f"x[{len(positions)}, {c}], caches{list(cache_shape)}, "
                    + ", ".join(f"{k}={v}" for k, v in cfg.items()))
         # The dtype under test is the caches'; activations and weights are float32 whatever it is.
-        out.append(Case(label, inputs, functools.partial(_decoder_call, fmt, bias),
-                        functools.partial(_decoder_reference, fmt, bias), ("logits", "k_cache", "v_cache"),
+        out.append(Case(label, inputs, functools.partial(_decoder_call, fmt, bias, part, layer),
+                        functools.partial(_decoder_reference, fmt, bias, part, layer),
+                        ("logits" if part in ("all", "head") else "partial sum", "k_cache", "v_cache"),
                         attrs, summary=summary,
                         float32_inputs=tuple(n for n in inputs if n not in ("k_cache", "v_cache"))))
     return out
