@@ -173,3 +173,26 @@ def test_dpo_runs_strict_on_every_chip_and_resumes_on_cpu(model_dir, data_dir, t
     common = ["dpo", "--model", model_dir, "--data", data_dir, "--max-length", 96, "--zero-padding", "--lora",
               "--batch-size", 4, "--max-steps", 4, "--save-steps", 2, "--lr", "5e-3"]
     strict_on_chip_then_resume_on_cpu(common, tmp_path, device)
+
+
+@pytest.mark.parametrize("method", [[], ["--lora"]], ids=["full", "lora"])
+def test_dpo_split_two_ways_gives_one_devices_losses(model_dir, data_dir, tmp_path, method):
+    """DPO with --tensor-parallel 2 on 2 npu ranks in strict mode: the reference pass and every
+    step's pair losses are one device's within 1e-5, and the run resumes on one process."""
+    from training_helpers import losses
+
+    common = ["dpo", "--model", model_dir, "--data", data_dir, "--max-length", 96, "--zero-padding", "--batch-size", 4,
+              "--max-steps", 4, "--save-steps", 2, "--lr", "5e-3", *method]
+    one = run_anychip(*common, "--output", tmp_path / "one")
+    assert one.returncode == 0, one.stderr
+    out = tmp_path / "two"
+    two = run_anychip(*common, "--output", out, "--device", "npu", "--nproc", 2, "--tensor-parallel", 2,
+                      env={"ANYCHIP_STRICT": "1"})
+    assert two.returncode == 0, two.stderr + two.stdout
+    np.testing.assert_allclose(losses(out), losses(tmp_path / "one"), rtol=1e-5)
+    from anychip_models.training import checkpoints
+
+    checkpoints.remove_tree(out / "checkpoint-4")
+    resumed = run_anychip(*common, "--output", out, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    np.testing.assert_allclose(losses(out), losses(tmp_path / "one"), rtol=1e-5)

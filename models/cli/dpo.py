@@ -51,10 +51,9 @@ def add_parser(sub, common):
 
 def run(args) -> int:
     check_output(Path(args.output), args.resume, args.overwrite)  # before the imports: Paddle's take seconds
-    if args.tensor_parallel != 1:  # DPO's reference pass and pair losses are not split yet
-        raise ValueError("dpo does not run tensor parallel yet: use --nproc N for data parallelism")
     if (status := launch_ranks(args)) is not None:
         return status
+    from ..tensor_parallel import check as check_tensor_parallel
     from ..training.data import format_bad_records
     from ..training.distributed import join
     from ..training.dpo import DpoTrainer
@@ -76,11 +75,14 @@ def run(args) -> int:
             print(format_bad_records(args.eval_data or folder, dev_bad, split="train" if args.eval_data else "dev"),
                   file=sys.stderr)
     lora = lora_config(args, path)
+    # before the process groups, as finetune does: every rank refuses a degree alike
+    check_tensor_parallel(base.config, args.tensor_parallel)
+    world = join(device, args.tensor_parallel)
     model = TrainableModel(base, device, lora=lora, recompute=args.recompute, seed=args.seed,
-                           compute_dtype=args.compute_dtype)
+                           compute_dtype=args.compute_dtype, tp=world.tp)
     trainer = DpoTrainer(model, base, PreferenceData(train), PreferenceData(dev),
                          train_args(args, 5e-5 if args.lora else 5e-7, zero_padding=args.zero_padding), args.output,
-                         beta=args.beta, loss=args.loss, label_smoothing=args.label_smoothing, world=join(device))
+                         beta=args.beta, loss=args.loss, label_smoothing=args.label_smoothing, world=world)
     print(f"dpo on {device_label(device)}: {len(train)} pairs ({len(bad)} skipped), {len(dev)} for evaluation; "
           f"{'LoRA' if lora else 'full'} training for {trainer.total_steps} steps, {args.loss} loss, beta "
           f"{args.beta}, {'shared-prompt packing' if args.zero_padding else 'unpacked pairs'}", file=sys.stderr)
