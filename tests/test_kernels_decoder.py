@@ -863,3 +863,109 @@ def test_kernel_rejects_a_part_it_does_not_know():
             continue
         with pytest.raises(RuntimeError, match=message):
             run_kernel([x, positions] + weights, [out, k, v], attrs + extra)
+
+
+# ---- a paged cache: blocks of slots shared out by block tables --------------------------------
+
+def paged(state, block: int, seed: int = 0):
+    """``state``'s caches [L, B, S, Hk, D] as a shuffled pool of blocks [L, NB, block, Hk, D] (3
+    spare blocks of noise) and each sequence's block table [B, S / block]."""
+    x, positions, k, v = state
+    layers, b, s = k.shape[:3]
+    width = s // block
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(b * width + 3)
+    tables = order[:b * width].reshape(b, width).astype(np.int64)
+    pools = []
+    for cache in (k, v):
+        pool = rng.standard_normal((layers, len(order), block) + cache.shape[3:]).astype(cache.dtype)
+        for i in range(b):
+            for j in range(width):
+                pool[:, tables[i, j]] = cache[:, i, j * block:(j + 1) * block]
+        pools.append(pool)
+    return tables, pools
+
+
+def unpage(pool, tables, block):
+    """The [L, B, S, Hk, D] cache that ``pool`` holds through ``tables``."""
+    return np.stack([np.concatenate([pool[:, t] for t in row], axis=1) for row in tables], axis=1)
+
+
+@pytest.mark.parametrize("device", ["cpu", "npu"])
+@pytest.mark.parametrize("reference", [False, True], ids=["kernel", "reference"])
+def test_a_paged_cache_gives_the_contiguous_steps_logits(device, reference):
+    """Sequences whose slots lie in shuffled blocks of a pool decode as from rows of their own:
+    the kernel bit for bit, its reference within float32; only each written slot changes."""
+    import anychip.ops as ops
+    from anychip.ops.decoder import _DecoderStep
+    from ops_helpers import host, tensor
+
+    model = make_model(31, dict.fromkeys(KINDS, FORMATS["int8-g32"]), True)
+    state = make_state(31)
+    want = op_step(model, state, device)
+    block = 4
+    tables, (kp, vp) = paged(state, block)
+    weights = op_weights(model, device)
+    kt, vt = tensor(kp, device), tensor(vp, device)
+    x, positions, bt = tensor(state[0], device), tensor(state[1], device), tensor(tables, device)
+    if reference:
+        logits = _DecoderStep(weights, state[1].tolist(), tables=tables.tolist()).reference(x, positions, kt, vt, bt)
+        np.testing.assert_allclose(host(logits), want[0], rtol=1e-4, atol=1e-4 * np.abs(want[0]).max())
+    else:
+        logits = ops.decoder_step(x, positions, weights, kt, vt, block_tables=bt)
+        np.testing.assert_array_equal(host(logits), want[0])
+    got_k, got_v = host(kt), host(vt)
+    np.testing.assert_allclose(unpage(got_k, tables, block), want[1], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(unpage(got_v, tables, block), want[2], rtol=1e-5, atol=1e-5)
+    spare = sorted(set(range(kp.shape[1])) - set(tables.reshape(-1).tolist()))
+    np.testing.assert_array_equal(got_k[:, spare], kp[:, spare])
+
+
+def test_sequences_share_the_blocks_of_a_common_prefix():
+    """Two sequences reading one block (a shared prompt prefix) and writing their own get what
+    each gets with a private copy of it."""
+    import anychip.ops as ops
+    from ops_helpers import host, tensor
+
+    model = make_model(32, dict.fromkeys(KINDS, FORMATS["f32"]), False)
+    x, positions, k, v = make_state(32, positions=(9, 13))
+    k[:, 1, :4], v[:, 1, :4] = k[:, 0, :4], v[:, 0, :4]  # the first block's slots alike
+    want = op_step(model, (x, positions, k, v), "cpu")
+    block = 4
+    tables, (kp, vp) = paged((x, positions, k, v), block)
+    tables[1, 0] = tables[0, 0]  # sequence 1 reads sequence 0's first block
+    weights = op_weights(model, "cpu")
+    logits = ops.decoder_step(tensor(x, "cpu"), tensor(positions, "cpu"), weights, tensor(kp, "cpu"),
+                              tensor(vp, "cpu"), block_tables=tensor(tables, "cpu"))
+    np.testing.assert_array_equal(host(logits), want[0])
+
+
+def test_block_tables_are_checked_before_the_kernel_runs():
+    import anychip.ops as ops
+    from anychip.ops import OpArgumentError
+    from ops_helpers import tensor
+
+    model = make_model(16, dict.fromkeys(KINDS, FORMATS["f32"]), False)
+    state = make_state(16, positions=(3, 11))
+    tables, (kp, vp) = paged(state, 4)
+    weights = op_weights(model, "cpu")
+    x, positions, kt, vt = (tensor(a, "cpu") for a in (state[0], state[1], kp, vp))
+
+    def step(t, **kw):
+        return ops.decoder_step(x, positions, weights, kt, vt, block_tables=tensor(np.array(t, np.int64), "cpu"), **kw)
+
+    bad = tables.copy()
+    bad[1, 2] = kp.shape[1]
+    with pytest.raises(OpArgumentError, match=r"block_tables\[1, 2\] = 11 is outside the cache's 11 blocks"):
+        step(bad)
+    same = tables.copy()
+    same[1, 2] = same[0, 0]  # both write slot 3 of one block
+    with pytest.raises(OpArgumentError, match="sequence 1 writes slot 3 of block .*, which another sequence writes"):
+        step(same)
+    with pytest.raises(OpArgumentError, match=r"positions\[1\] = 11 is outside the cache's slots \[0, 8\)"):
+        step(tables[:, :2])
+    with pytest.raises(OpArgumentError, match="cache_rows or block_tables, not both"):
+        step(tables, cache_rows=tensor(np.array([0, 1], np.int64), "cpu"))
+    unused = tables.copy()
+    unused[0, 3] = -1  # past sequence 0's position: never read
+    step(unused)

@@ -372,15 +372,17 @@ def _decoder_weights(t, fmt, bias):
 def _decoder_call(fmt, bias, part, layer, **t):
     weights = _decoder_weights(t, fmt, bias)
     logits = ops.decoder_step(t["x"], t["positions"], weights, t["k_cache"], t["v_cache"], t.get("cache_rows"),
-                              part=part, layer=layer)
+                              part=part, layer=layer, block_tables=t.get("block_tables"))
     return logits, t["k_cache"], t["v_cache"]
 
 
 def _decoder_reference(fmt, bias, part, layer, **t):
     weights = _decoder_weights(t, fmt, bias)
     rows = t["cache_rows"].numpy().tolist() if "cache_rows" in t else None
-    step = _DecoderStep(weights, t["positions"].numpy().tolist(), rows, part, layer)
-    logits = step.reference(t["x"], t["positions"], t["k_cache"], t["v_cache"], t.get("cache_rows"))
+    tables = t["block_tables"].numpy().tolist() if "block_tables" in t else None
+    step = _DecoderStep(weights, t["positions"].numpy().tolist(), rows, part, layer, tables)
+    logits = step.reference(t["x"], t["positions"], t["k_cache"], t["v_cache"],
+                            t["block_tables"] if tables else t.get("cache_rows"))
     return logits, t["k_cache"], t["v_cache"]
 
 
@@ -404,14 +406,21 @@ def _decoder_step(dtype, rng):
          "attention", 1),
         ("part mlp of layer 0, int8 groups of 32, rows 2 and 0", (8, 32, False), False, [5, 2], [2, 0], "mlp", 0),
         ("part head, int4 groups of 32 with offsets", (4, 32, True), False, [2, 6], None, "head", 0),
+        # rows "paged": a pool of 7 blocks of 4 slots, each sequence's 2 blocks shuffled in it,
+        # the first block shared by both (a common prompt prefix they only read)
+        ("paged cache: 2 sequences in blocks of 4, one block shared", (8, -1, False), True, [6, 5], "paged",
+         "all", 0),
     ]:
         inputs = {"x": _normal(rng, len(positions), c).astype(np.float32),
                   "positions": np.array(positions, np.int64)}
         cache_shape = (cfg["layers"], len(rows) + 2 if rows else len(positions), cfg["slots"], hk, d)
+        if rows == "paged":
+            cache_shape = (cfg["layers"], 7, 4, hk, d)
+            inputs["block_tables"] = np.array([[5, 2], [5, 0]], np.int64)
+        elif rows:
+            inputs["cache_rows"] = np.array(rows, np.int64)
         inputs["k_cache"] = _normal(rng, *cache_shape).astype(np.float32)
         inputs["v_cache"] = _normal(rng, *cache_shape).astype(np.float32)
-        if rows:
-            inputs["cache_rows"] = np.array(rows, np.int64)
         for i in range(cfg["layers"]):
             p = f"layers.{i}."
             inputs[p + "attn_norm"] = rng.uniform(0.5, 1.5, c).astype(np.float32)
@@ -426,7 +435,9 @@ def _decoder_step(dtype, rng):
         inputs.update(_decoder_linear_arrays(rng, "head", cfg["vocab"], c, fmt))
         bits, group_size, offsets = fmt
         attrs = {"bits": bits, "group_size": group_size, "offsets": offsets, "qkv_bias": bias,
-                 "positions": positions} | ({"cache_rows": rows} if rows else {}) | (
+                 "positions": positions} | (
+                     {"block_tables": inputs["block_tables"].tolist()} if rows == "paged" else
+                     {"cache_rows": rows} if rows else {}) | (
                      {} if part == "all" else {"part": part, "layer": layer})
         summary = (f"x[{len(positions)}, {c}], caches{list(cache_shape)}, "
                    + ", ".join(f"{k}={v}" for k, v in cfg.items()))

@@ -236,11 +236,12 @@ class _DecoderStep(OpImpl):
     name = OP
 
     def __init__(self, weights: DecoderWeights, positions: list[int], rows: list[int] | None = None,
-                 part: str = "all", layer: int = 0):
-        self.weights, self.positions, self.rows = weights, positions, rows
+                 part: str = "all", layer: int = 0, tables: list[list[int]] | None = None):
+        self.weights, self.positions, self.rows, self.tables = weights, positions, rows, tables
         self.part, self.layer = part, layer
 
     def forward(self, kernel, x, positions, k_cache, v_cache, cache_rows=None):
+        """``cache_rows``: the rows tensor, or with ``tables`` the block tables tensor."""
         w = self.weights
         half = self.part in ("attention", "mlp")
         out = empty([x.shape[0], w.hidden if half else w.vocab], "float32", w.device)
@@ -248,7 +249,8 @@ class _DecoderStep(OpImpl):
         if cache_rows is not None:
             inputs.append(cache_rows)
         if cache_rows is not None or self.part != "all":  # the optional attrs go in order
-            attrs = attrs + ([] if w.x_int8 else [0.0]) + [float(cache_rows is not None)]
+            mode = 0.0 if cache_rows is None else 2.0 if self.tables is not None else 1.0
+            attrs = attrs + ([] if w.x_int8 else [0.0]) + [mode]
         if self.part != "all":
             attrs = attrs + [float(PARTS[self.part]), float(self.layer)]
         launch(kernel, OP, w.device, inputs + w.tensors, [out, k_cache, v_cache], attrs, described=w.descriptors)
@@ -259,9 +261,16 @@ class _DecoderStep(OpImpl):
         b, d = x.shape[0], w.head_dim
         hq, hk = w.num_heads, w.num_kv_heads
         rows = self.rows if self.rows is not None else list(range(b))
-        row_index = pd.to_tensor(np.array(rows, np.int64), place=x.place)
+        block = k_cache.shape[2]
+        if self.tables is not None:  # paged: a sequence's slots are those of its blocks in order
+            tables = np.array(self.tables, np.int64)
+            needed = np.arange(tables.shape[1])[None, :] <= np.array(self.positions)[:, None] // block
+            index = pd.to_tensor(np.where(needed, tables, 0).reshape(-1), place=x.place)
+            capacity = tables.shape[1] * block
+        else:
+            index, capacity = pd.to_tensor(np.array(rows, np.int64), place=x.place), block
         rope = _Rotary(w.theta, w.device)
-        slots = np.arange(k_cache.shape[2])[None, :] <= np.array(self.positions)[:, None]
+        slots = np.arange(capacity)[None, :] <= np.array(self.positions)[:, None]
         visible = pd.to_tensor(slots.reshape(b, 1, 1, -1), place=x.place)
 
         def norm(h, weight):
@@ -296,9 +305,11 @@ class _DecoderStep(OpImpl):
                 q, k, v = pd.split(qkv.reshape([b, 1, hq + 2 * hk, d]), [hq, hk, hk], axis=2)
                 q, k = rope.reference(q, k, positions.reshape([b, 1]))
                 for s, pos in enumerate(self.positions):
-                    k_cache[i, rows[s], pos] = k[s, 0].astype(k_cache.dtype)
-                    v_cache[i, rows[s], pos] = v[s, 0].astype(v_cache.dtype)
-                keys, values = (pd.index_select(c[i].astype("float32"), row_index) for c in (k_cache, v_cache))
+                    at = (rows[s], pos) if self.tables is None else (self.tables[s][pos // block], pos % block)
+                    k_cache[i, at[0], at[1]] = k[s, 0].astype(k_cache.dtype)
+                    v_cache[i, at[0], at[1]] = v[s, 0].astype(v_cache.dtype)
+                keys, values = (pd.index_select(c[i].astype("float32"), index).reshape([b, capacity, hk, d])
+                                for c in (k_cache, v_cache))
                 o, _lse = reference_attention(q, keys, values, 1.0 / math.sqrt(d), False, visible)
                 if part == "attention":
                     return linear(o.reshape([b, hq * d]), layer.o, hq * d)
@@ -309,7 +320,7 @@ class _DecoderStep(OpImpl):
 
 
 def decoder_step(x, positions, weights: DecoderWeights, k_cache, v_cache, cache_rows=None, part: str = "all",
-                 layer: int = 0):
+                 layer: int = 0, block_tables=None):
     """One decode step: ``x`` float32 [B, C] (the new tokens' embeddings) at ``positions`` int64
     [B] (each sequence's position, also its cache slot) through every layer of ``weights`` ->
     logits float32 [B, V].
@@ -322,6 +333,12 @@ def decoder_step(x, positions, weights: DecoderWeights, k_cache, v_cache, cache_
     ``cache_rows[b]`` (int64 [B], distinct rows in [0, R)), or b when ``cache_rows`` is None
     (then R = B): with rows, any B sequences of a cache with room for R decode together, as
     continuous batching needs. Forward only.
+
+    ``block_tables`` (int64 [B, W], instead of ``cache_rows``) makes the cache paged, as vLLM's
+    PagedAttention: its R rows are blocks of S slots that sequences share out, and slot j of
+    sequence b is slot j % S of block ``block_tables[b, j // S]``, so a sequence holds up to W S
+    tokens in whichever blocks it was given. Sequences may share the blocks of a common prompt
+    prefix, which they only read; the slots written must differ.
 
     ``part`` runs one piece of the step from h = ``x`` instead of the whole: ``"attention"``,
     layer ``layer``'s attention half (writing its cache slots), returns its output projection
@@ -352,8 +369,16 @@ def decoder_step(x, positions, weights: DecoderWeights, k_cache, v_cache, cache_
     checks.rank(OP, "k_cache", k_cache, 5, "[layers, batch, slots, kv_heads, head_dim]")
     kv_dtype = checks.dtype(OP, "k_cache", k_cache, CACHE_DTYPES)
     s = k_cache.shape[2]
-    rows = None
-    if cache_rows is not None:
+    rows = tables = None
+    if cache_rows is not None and block_tables is not None:
+        _fail("pass cache_rows or block_tables, not both")
+    if block_tables is not None:
+        block_tables = checks.tensor(OP, "block_tables", block_tables)
+        checks.dtype(OP, "block_tables", block_tables, ("int64",))
+        checks.rank(OP, "block_tables", block_tables, 2, "[batch, blocks per sequence]")
+        checks.shape(OP, "block_tables", block_tables, [b, block_tables.shape[1]], "[batch, blocks per sequence]")
+        tables = block_tables.numpy().tolist()
+    elif cache_rows is not None:
         cache_rows = checks.tensor(OP, "cache_rows", cache_rows)
         checks.dtype(OP, "cache_rows", cache_rows, ("int64",))
         checks.shape(OP, "cache_rows", cache_rows, [b], "[batch]")
@@ -361,21 +386,40 @@ def decoder_step(x, positions, weights: DecoderWeights, k_cache, v_cache, cache_
         r = k_cache.shape[1]
         if len(set(rows)) != len(rows) or any(not 0 <= row < r for row in rows):
             _fail(f"cache_rows {rows} must be distinct rows of the cache's [0, {r})")
-    cache = [weights.num_layers, b if rows is None else k_cache.shape[1], s, weights.num_kv_heads, weights.head_dim]
+    cache = [weights.num_layers, b if rows is None and tables is None else k_cache.shape[1], s,
+             weights.num_kv_heads, weights.head_dim]
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         checks.dtype(OP, name, t, (kv_dtype,))
         checks.shape(OP, name, t, cache, "[layers, batch, slots, kv_heads, head_dim]")
         if not t.is_contiguous():
             _fail(f"{name} is not contiguous; it is updated in place")
     named = [("x", x), ("positions", positions), ("k_cache", k_cache), ("v_cache", v_cache)]
-    for name, t in named + ([("cache_rows", cache_rows)] if rows is not None else []):
+    named += [("cache_rows", cache_rows)] if rows is not None else []
+    for name, t in named + ([("block_tables", block_tables)] if tables is not None else []):
         if device_of(t) != weights.device:
             _fail(f"{name} is on {device_label(device_of(t))} but the weights are on {device_label(weights.device)}")
     x = checks.contiguous(OP, "x", x, weights.device)
     pos = positions.numpy().tolist()
+    capacity = s if tables is None else s * block_tables.shape[1]
     for i, p in enumerate(pos):
-        if not 0 <= p < s:
-            _fail(f"positions[{i}] = {p} is outside the cache's slots [0, {s})")
-    extra = [] if rows is None else [cache_rows]
-    return run(_DecoderStep(weights, pos, rows, part, layer), weights.device, kv_dtype, x, positions, k_cache, v_cache, *extra,
+        if not 0 <= p < capacity:
+            _fail(f"positions[{i}] = {p} is outside the cache's slots [0, {capacity})")
+    if tables is not None:
+        _check_tables(tables, pos, s, k_cache.shape[1])
+    extra = [cache_rows] if rows is not None else [block_tables] if tables is not None else []
+    return run(_DecoderStep(weights, pos, rows, part, layer, tables), weights.device, kv_dtype, x, positions, k_cache, v_cache, *extra,
                differentiable=False)
+
+
+def _check_tables(tables: list[list[int]], positions: list[int], block: int, blocks: int) -> None:
+    """Every block a sequence reads exists, and no two sequences write one slot."""
+    written = set()
+    for i, (table, p) in enumerate(zip(tables, positions)):
+        for j in range(p // block + 1):
+            if not 0 <= table[j] < blocks:
+                _fail(f"block_tables[{i}, {j}] = {table[j]} is outside the cache's {blocks} blocks")
+        slot = (table[p // block], p % block)
+        if slot in written:
+            _fail(f"block_tables: sequence {i} writes slot {slot[1]} of block {slot[0]}, which another sequence "
+                  "writes too")
+        written.add(slot)

@@ -110,8 +110,9 @@
  *                    bfloat16 or float16 (the dtype the op is registered under).
  *                    inputs: x f32[B, C] (the embedded tokens), positions int64[B] (the position
  *                    of each sequence's token, which is also its cache slot); cache_rows
- *                    int64[B] (only when has_cache_rows: the distinct cache row of each
- *                    sequence; else sequence b uses row b and R = B); per layer, in
+ *                    int64[B] (only when has_cache_rows is 1: the distinct cache row of each
+ *                    sequence; else sequence b uses row b and R = B) or block_tables int64[B, W]
+ *                    (only when has_cache_rows is 2: a paged cache, below); per layer, in
  *                    order: attn_norm[C], LIN qkv (N = (Hq + 2 Hk) D, K = C: rows of q, then k,
  *                    then v), qkv_bias[(Hq + 2 Hk) D] (only when has_qkv_bias), LIN o (N = C,
  *                    K = Hq D), ffn_norm[C], LIN gate_up (N = 2 F, K = C: gate rows, then up
@@ -130,7 +131,12 @@
  *                    (every layer shares the formats); then optionally x_int8 (absent: 0): the
  *                    quantized LINs take x as weight_only_linear does with x_int8 = 1; then
  *                    optionally has_cache_rows (absent: 0), which lets a batch of B sequences
- *                    decode in any B of R cache rows (continuous batching: rows come and go);
+ *                    decode in any B of R cache rows (continuous batching: rows come and go),
+ *                    or with 2 makes the cache paged (vLLM's PagedAttention): its R rows are
+ *                    blocks of S slots shared by all sequences, and slot j of sequence b is
+ *                    slot j % S of block block_tables[b, j / S] (positions[b] < W S; the blocks
+ *                    of slots 0 .. positions[b] must be in [0, R); sequences may share blocks
+ *                    they only read, but no two write one slot);
  *                    then optionally part (absent: 0, the whole step) and layer, which run one
  *                    part of it from h = x: part 1, layer `layer`'s attention half (its cache
  *                    slot written as below), output o W_o^T [B, C] in place of the logits,

@@ -119,9 +119,9 @@ class Inputs {
     return error.empty();
   }
 
-  // The rows (dim 0) of the next input, 0 if there is none.
-  int64_t next_rows() const {
-    return next_ < call_->num_inputs && in(call_, next_).rank > 0 ? in(call_, next_).shape[0] : 0;
+  // Dim i of the next input, 0 if there is none.
+  int64_t next_dim(int i) const {
+    return next_ < call_->num_inputs && in(call_, next_).rank > i ? in(call_, next_).shape[i] : 0;
   }
 
   bool all_taken() {
@@ -161,10 +161,13 @@ struct Step {
   const Model& m;
   Part part;
   int64_t layer;         // the layer of kAttention and kMlp
-  int64_t b, s;
-  int64_t r;             // rows of the cache
+  int64_t b, s;          // s: the cache's dim 2, slots per row (per block when paged)
+  int64_t r;             // the cache's dim 1: rows (blocks when paged)
+  int64_t capacity;      // slots a sequence may hold: s, or the table's width * s when paged
   const int64_t* pos;
-  const int64_t* rows;   // the cache row of each sequence
+  const int64_t* rows;   // the cache row of each sequence (not paged)
+  const int64_t* tables; // paged: [b, width] the blocks of each sequence, else null
+  int64_t width;
   const float* x;
   float* logits;         // [B, V], or [B, C] for kAttention and kMlp
   void *k_cache, *v_cache;  // float, bf16 or fp16: run's T
@@ -198,7 +201,7 @@ void run(const Step& st, float* scratch) {
   const Model& m = st.m;
   const int64_t B = st.b, C = m.c, D = m.d, half = D / 2, Hq = m.hq, Hk = m.hk, F = m.f;
   const int64_t nqkv = (Hq + 2 * Hk) * D, group = Hq / Hk, slot = Hk * D, part = D + 2;
-  const int64_t blocks = max_blocks(st.s);
+  const int64_t blocks = max_blocks(st.capacity);
   float* h = scratch;                       // [B, C] the residual stream
   float* qkv = h + B * C;                   // [B, nqkv]
   float* parts = qkv + B * nqkv;            // [B, Hq, blocks, D + 2] attention by block of slots
@@ -277,7 +280,11 @@ void run(const Step& st, float* scratch) {
         // also writes to the cache: no thread waits for another's RoPE.
         team.claim(l, static_cast<int64_t>(units.size()), [&](int64_t i) {
           const AttentionUnit& u = units[i];
-          const int64_t past = st.pos[u.b], first = st.rows[u.b] * st.s;
+          const int64_t past = st.pos[u.b];
+          const int64_t* table = st.tables ? st.tables + u.b * st.width : nullptr;
+          // slot 0 of the sequence's row; paged, of the pool (Keys looks its blocks up)
+          const int64_t first = table ? 0 : st.rows[u.b] * st.s;
+          const int64_t written = table ? table[past / st.s] * st.s + past % st.s : first + past;
           const float* row = qkv + u.b * nqkv;
           std::copy(row, row + (Hq + Hk) * D, q);
           for (int64_t hh = 0; hh < Hq + Hk; ++hh) decoder::rope_row(q + hh * D, cs + u.b * D, half);
@@ -286,12 +293,13 @@ void run(const Step& st, float* scratch) {
             kv_new[slot + i] = from_float<T>(row[(Hq + Hk) * D + i]);
           }
           if (u.j1 == past + 1) {
-            std::copy(kv_new, kv_new + slot, kc + (first + past) * slot);
-            std::copy(kv_new + slot, kv_new + 2 * slot, vc + (first + past) * slot);
+            std::copy(kv_new, kv_new + slot, kc + written * slot);
+            std::copy(kv_new + slot, kv_new + 2 * slot, vc + written * slot);
           }
           for (int64_t hh = 0; hh < Hq; ++hh) {
             const int64_t kh = hh / group, base = first * slot + kh * D;
-            const decoder::Keys<T> keys{kc + base, vc + base, slot, past, kv_new + kh * D, kv_new + slot + kh * D};
+            const decoder::Keys<T> keys{kc + base, vc + base, slot, past, kv_new + kh * D, kv_new + slot + kh * D,
+                                        table, st.s};
             decoder::attend_block(keys, u.j0, u.j1, q + hh * D, D, scale, scores,
                                   parts + ((u.b * Hq + hh) * blocks + u.c) * part, isa);
           }
@@ -359,8 +367,10 @@ ANYCHIP_CPU_KERNEL(decoder_step) {
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: x_int8 must be 0 or 1, got %g", kOp, x_int8);
   m.x_int8 = x_int8 == 1.0;
   const double has_rows = attr(call, kFormatAttrs + 1, 0.0);
-  if (has_rows != 0.0 && has_rows != 1.0)
-    return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: has_cache_rows must be 0 or 1, got %g", kOp, has_rows);
+  if (has_rows != 0.0 && has_rows != 1.0 && has_rows != 2.0)
+    return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: has_cache_rows must be 0, 1 or 2 (block tables), got %g", kOp,
+                has_rows);
+  const bool paged = has_rows == 2.0;
   const double part = attr(call, kFormatAttrs + 2, 0.0), part_layer = attr(call, kFormatAttrs + 3, 0.0);
   if (part != 0.0 && part != 1.0 && part != 2.0 && part != 3.0)
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: part must be 0 (all), 1 (attention), 2 (mlp) or 3 (head), got %g",
@@ -401,6 +411,9 @@ ANYCHIP_CPU_KERNEL(decoder_step) {
   const auto* pos = static_cast<const int64_t*>(ins.take(-1, "positions", "", ANYCHIP_DTYPE_INT64, {B}));
   const auto* given_rows =
       has_rows == 1.0 ? static_cast<const int64_t*>(ins.take(-1, "cache_rows", "", ANYCHIP_DTYPE_INT64, {B})) : nullptr;
+  const int64_t width = paged ? ins.next_dim(1) : 0;
+  const auto* tables =
+      paged ? static_cast<const int64_t*>(ins.take(-1, "block_tables", "", ANYCHIP_DTYPE_INT64, {B, width})) : nullptr;
   m.layer.resize(static_cast<size_t>(m.layers));
   for (int l = 0; l < m.layers && ins.error.empty(); ++l) {
     Layer& y = m.layer[l];
@@ -413,11 +426,11 @@ ANYCHIP_CPU_KERNEL(decoder_step) {
     ins.lin(l, "down", fmt[3], m.c, m.f, &y.down);
   }
   m.final_norm = ins.floats(-1, "final_norm", "", {m.c});
-  if (half_layer) m.v = ins.next_rows();
+  if (half_layer) m.v = ins.next_dim(0);
   ins.lin(-1, "head", fmt[4], m.v, m.c, &m.head);
   if (!ins.all_taken()) return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: %s", kOp, ins.error.c_str());
 
-  const std::vector<int64_t> cache{m.layers, given_rows ? R : B, S, m.hk, m.d};
+  const std::vector<int64_t> cache{m.layers, given_rows || paged ? R : B, S, m.hk, m.d};
   for (const AnychipTensor* t : {&kt, &vt}) {
     bool fits = t->dtype == kt.dtype && t->rank == 5 && is_contiguous(*t);
     for (int i = 0; fits && i < 5; ++i) fits = t->shape[i] == cache[i];
@@ -431,25 +444,54 @@ ANYCHIP_CPU_KERNEL(decoder_step) {
       !is_contiguous(logits))
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: the output must be contiguous float32 [%lld, %lld]", kOp,
                 static_cast<long long>(B), static_cast<long long>(half_layer ? m.c : m.v));
+  const int64_t capacity = paged ? width * S : S;
   for (int64_t b = 0; b < B; ++b)
-    if (pos[b] < 0 || pos[b] >= S)
+    if (pos[b] < 0 || pos[b] >= capacity)
       return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: positions[%lld] = %lld is outside the cache's [0, %lld)", kOp,
-                  static_cast<long long>(b), static_cast<long long>(pos[b]), static_cast<long long>(S));
-  // Each sequence its own cache row: two sharing one would race on its slots.
+                  static_cast<long long>(b), static_cast<long long>(pos[b]), static_cast<long long>(capacity));
   std::vector<int64_t> rows(static_cast<size_t>(B));
-  std::vector<char> taken(static_cast<size_t>(cache[1]), 0);
-  for (int64_t b = 0; b < B; ++b) {
-    rows[b] = given_rows ? given_rows[b] : b;
-    if (rows[b] < 0 || rows[b] >= cache[1] || taken[rows[b]]++)
-      return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: cache_rows[%lld] = %lld is outside [0, %lld) or repeated", kOp,
-                  static_cast<long long>(b), static_cast<long long>(rows[b]), static_cast<long long>(cache[1]));
+  if (paged) {
+    // The blocks a sequence reads must exist; the slots written must differ (two writers of one
+    // slot would race), which is what a sequence's own last block guarantees.
+    std::vector<int64_t> written(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t j = 0; j <= pos[b] / S; ++j) {
+        const int64_t block = tables[b * width + j];
+        if (block < 0 || block >= R)
+          return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: block_tables[%lld, %lld] = %lld is outside the cache's %lld "
+                      "blocks", kOp, static_cast<long long>(b), static_cast<long long>(j), static_cast<long long>(block),
+                      static_cast<long long>(R));
+      }
+      written[b] = tables[b * width + pos[b] / S] * S + pos[b] % S;
+    }
+    std::vector<int64_t> sorted = written;
+    std::sort(sorted.begin(), sorted.end());
+    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+      return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: two sequences write the same slot of one block", kOp);
+  } else {
+    // Each sequence its own cache row: two sharing one would race on its slots.
+    std::vector<char> taken(static_cast<size_t>(cache[1]), 0);
+    for (int64_t b = 0; b < B; ++b) {
+      rows[b] = given_rows ? given_rows[b] : b;
+      if (rows[b] < 0 || rows[b] >= cache[1] || taken[rows[b]]++)
+        return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: cache_rows[%lld] = %lld is outside [0, %lld) or repeated",
+                    kOp, static_cast<long long>(b), static_cast<long long>(rows[b]), static_cast<long long>(cache[1]));
+    }
   }
   if (B == 0 || logits.shape[1] == 0) return ANYCHIP_OK;
 
-  const Step step{m, static_cast<Part>(static_cast<int>(part)), static_cast<int64_t>(part_layer), B, S, cache[1], pos, rows.data(), x, data<float>(logits), kt.data, vt.data, isa(), threads(call)};
+  const Step step{m,        static_cast<Part>(static_cast<int>(part)), static_cast<int64_t>(part_layer),
+                  B,        S,
+                  cache[1], capacity,
+                  pos,      rows.data(),
+                  tables,   width,
+                  x,        data<float>(logits),
+                  kt.data,  vt.data,
+                  isa(),    threads(call)};
   return dispatch_float(call, kt.dtype, "decoder_step: k_cache", [&]<typename T>() {
     try {
-      std::vector<float> scratch(static_cast<size_t>(shared_floats(m, B, S) + step.threads * own_floats(m, B)));
+      std::vector<float> scratch(
+          static_cast<size_t>(shared_floats(m, B, capacity) + step.threads * own_floats(m, B)));
       run<T>(step, scratch.data());
     } catch (const std::bad_alloc&) {
       return fail(call, ANYCHIP_ERROR_OUT_OF_MEMORY, "%s: no memory for the step's buffers", kOp);

@@ -89,18 +89,22 @@ void rope_row(float* x, const float* cs, int64_t half);
 // y[i] = silu(gate[i]) * up[i], i < n.
 void swiglu_row(const float* gate, const float* up, int64_t n, float* y, Isa isa);
 
-// The keys and values a query head attends to: cache slots [0, past) at k + j * stride,
-// v + j * stride, then the new token's own at k_new, v_new (passed apart, so that the heads
-// sharing them need not wait for the cache write), all in the cache's storage type T (float,
-// bf16 or fp16): the new token's as the cache will hold them.
+// The keys and values a query head attends to: cache slots [0, past) at k + at(j), v + at(j),
+// then the new token's own at k_new, v_new (passed apart, so that the heads sharing them need
+// not wait for the cache write), all in the cache's storage type T (float, bf16 or fp16): the
+// new token's as the cache will hold them. Slot j is at j * stride in a row of its own, or, in a
+// paged cache (table not null), at offset j % block of block table[j / block].
 template <typename T>
 struct Keys {
   const T *k, *v;
   int64_t stride, past;
   const T *k_new, *v_new;
+  const int64_t* table = nullptr;
+  int64_t block = 0;
 
-  const T* key(int64_t j) const { return j < past ? k + j * stride : k_new; }
-  const T* value(int64_t j) const { return j < past ? v + j * stride : v_new; }
+  int64_t at(int64_t j) const { return (table ? table[j / block] * block + j % block : j) * stride; }
+  const T* key(int64_t j) const { return j < past ? k + at(j) : k_new; }
+  const T* value(int64_t j) const { return j < past ? v + at(j) : v_new; }
 };
 
 // Attention goes by blocks of consecutive cache slots, the unit of work that threads share out:
