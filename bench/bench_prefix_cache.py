@@ -1,6 +1,7 @@
 """Prefix caching in `anychip serve`'s engine: the time to first token of a chat request after a
-1,000-token system prompt, when the prompt is new (the whole prompt prefilled) and when a free
-cache row holds the system prompt from the request before (only the question prefilled).
+1,000-token system prompt, when the prompt is new (the whole prompt prefilled) and when the paged
+cache's blocks still hold the system prompt's whole blocks from the request before (only the rest
+prefilled: the question and the system prompt's last partial block).
 SmolLM2-135M-Instruct on `cpu`, greedy, one request at a time, the engine in process (no HTTP).
 Target: the cached request's TTFT at most 0.25x the first's. The tokens of both are checked
 against an engine without the cache.
@@ -81,7 +82,7 @@ def test_prefix_cached_ttft(benchmark, bench, served, cache):
     engine = Engine(model, tok, EngineConfig(max_batch=1, max_len=2048, prefix_cache=cache == "anychip")).start()
     reference = Engine(model, tok, EngineConfig(max_batch=1, max_len=2048, prefix_cache=False)).start()
     try:
-        ttft_and_tokens(engine, prompts[-1])  # warm-up; with the cache, the row now holds the system prompt
+        ttft_and_tokens(engine, prompts[-1])  # warm-up; with the cache, its blocks now hold the system prompt
         hits = engine.metrics.prefix_hit_tokens
         samples = []
         for prompt in prompts[:-1]:
@@ -94,7 +95,7 @@ def test_prefix_cached_ttft(benchmark, bench, served, cache):
         reference.stop()
     whole = case(model.config, len(prompts[0]))
     prefilled = len(prompts[0]) - hits / len(samples)
-    label = "prefix cached (the row holds the system prompt)" if cache == "anychip" else "nothing cached"
+    label = "prefix cached (cached blocks hold the system prompt)" if cache == "anychip" else "nothing cached"
     bench.collector.record(whole, cache, samples, extra_info=benchmark.extra_info, label=label,
                            amount=whole.amount * prefilled / len(prompts[0]),
                            notes=f"median of {len(samples)} requests; {prefilled:.0f} tokens prefilled each")

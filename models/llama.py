@@ -9,12 +9,12 @@ import numpy as np
 
 import anychip.ops as ops
 from anychip import fallback
-from anychip.ops.decoder import CACHE_DTYPES
 from anychip.ops.dispatch import place
 from anychip.paddle_frontend import import_paddle
 from anychip.plugins import registry
 
-from .checkpoint import Checkpoint, ModelConfig
+from .checkpoint import Checkpoint
+from .kv_cache import KVCache, PagedKVCache, check_kv_dtype
 from .layers import DecoderLayer, Embedding, Linear, concat_rows, to_device
 from .tensor_parallel import TensorParallel, shard_checkpoint, vocab_chunk
 
@@ -41,62 +41,6 @@ def _shifted(positions, by: int):
     """``positions + by`` as a tensor add (an int64 ``scale``, what ``+ by`` would launch, is
     no base op)."""
     return positions + paddle.full_like(positions, by)
-
-
-def check_kv_dtype(dtype: str, device: tuple[str, int]) -> None:
-    """Raises ValueError unless ``dtype`` is a KV cache dtype that ``device`` has tensors of."""
-    from anychip.devices import describe
-
-    if dtype not in CACHE_DTYPES:
-        raise ValueError(f"KV cache dtype must be one of {', '.join(CACHE_DTYPES)}, got {dtype!r}")
-    supported = describe(device[0]).dtypes
-    if dtype not in supported:
-        raise ValueError(f"device {device[0]} has no {dtype} tensors for a {dtype} KV cache "
-                         f"(its dtypes: {', '.join(supported)})")
-
-
-class KVCache:
-    """Keys and values of every layer for B sequences of up to S tokens, allocated once on the
-    device: [L, B, S, Hk, D] each (the layout decoder_step updates in place), in ``dtype``:
-    float32, or bfloat16 / float16 (half the bytes, which every decode step reads in full at
-    long contexts; keys and values are rounded once, when written)."""
-
-    def __init__(self, config: ModelConfig, batch: int, max_len: int, device: tuple[str, int],
-                 dtype: str = "float32"):
-        if max_len > config.max_position:
-            raise ValueError(f"max_len {max_len} exceeds the model's context of {config.max_position} tokens")
-        check_kv_dtype(dtype, device)
-        shape = [config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim]
-        self.k = paddle.zeros(shape, dtype=dtype, device=place(device))
-        self.v = paddle.zeros(shape, dtype=dtype, device=place(device))
-        self.batch, self.max_len, self.dtype = batch, max_len, dtype
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the keys and values together."""
-        return 2 * int(np.prod(self.k.shape)) * self.k.element_size()
-
-    def copy_prefix(self, src: int, dst: int, n: int) -> None:
-        """Row ``dst``'s first ``n`` slots of every layer become row ``src``'s."""
-        self.k[:, dst, :n] = self.k[:, src, :n]
-        self.v[:, dst, :n] = self.v[:, src, :n]
-
-    def write(self, layer: int, rows, start: int, k, v) -> None:
-        """Stores float32 ``k``, ``v`` at slots ``start ..`` of ``rows`` (an int, or a slice of
-        rows matching k's leading dim) in ``layer``, rounded to the cache's dtype."""
-        end = start + k.shape[-3]
-        self.k[layer, rows, start:end] = k if self.dtype == "float32" else k.astype(self.dtype)
-        self.v[layer, rows, start:end] = v if self.dtype == "float32" else v.astype(self.dtype)
-
-    def view(self, layer: int, row: int, length: int):
-        """The first ``length`` keys and values of sequence ``row`` in ``layer``, [1, length, Hk,
-        D] float32 each: dense views of a float32 cache (an integer row index, then a new leading
-        dim, keeps Paddle's strides contiguous, which a size-1 slice would not), float32 copies
-        of a 16-bit one."""
-        k, v = self.k[layer, row, :length], self.v[layer, row, :length]
-        if self.dtype != "float32":  # first: Paddle's CPU has no float16 unsqueeze
-            k, v = k.astype("float32"), v.astype("float32")
-        return k.unsqueeze(0), v.unsqueeze(0)
 
 
 class LlamaForCausalLM(paddle.nn.Layer):
@@ -222,10 +166,13 @@ class LlamaForCausalLM(paddle.nn.Layer):
                                 self.prefix[i, 1].unsqueeze(0).expand(shape))
         return cache
 
-    def copy_cache(self, cache: KVCache, src: int, dst: int, n: int) -> None:
-        """Cache row ``dst``'s first ``n`` slots become row ``src``'s (a shared prompt prefix)."""
-        with paddle.no_grad():
-            cache.copy_prefix(src, dst, n)
+    def new_paged_cache(self, rows: int, max_len: int, block_size: int, blocks: int) -> PagedKVCache:
+        """A paged KV cache on the model's device in its ``kv_dtype`` (see :class:`PagedKVCache`):
+        ``rows`` sequences of up to ``max_len`` tokens in a pool of ``blocks`` blocks to start."""
+        if self.prefix_len:
+            raise ValueError("a model with a prefix (Prefix Tuning) keeps it in every row of a KVCache; it has no "
+                             "paged cache")
+        return PagedKVCache(self.config, rows, max_len, self.device, self.kv_dtype, block_size, blocks)
 
     # ---- op by op: prefill, and decode where the device has no decoder_step kernel ----------
 
@@ -363,13 +310,10 @@ class LlamaForCausalLM(paddle.nn.Layer):
         if self.prefix_len:  # behind the prefix
             positions = _shifted(positions, self.prefix_len)
         if has_kernel and self._fused_ok:
-            rows = None
-            if cache_rows is not None:
-                rows = paddle.to_tensor(np.asarray(cache_rows, dtype=np.int64), place=place(self.device))
+            index = cache.index(cache_rows, tokens.shape[0])
             if self.tp is None:
-                return ops.decoder_step(self.embed(tokens), positions, self._fused_weights(), cache.k, cache.v,
-                                        cache_rows=rows)
-            return self._decode_split(self._embed(tokens), positions, cache, rows)
+                return ops.decoder_step(self.embed(tokens), positions, self._fused_weights(), cache.k, cache.v, **index)
+            return self._decode_split(self._embed(tokens), positions, cache, index)
         if fused and not has_kernel:  # (weights the fused step cannot take are no device fallback)
             fallback.record_op_fallback(self.device[0], "decoder_step", cache.dtype,
                                         f"no {cache.dtype} decoder_step kernel on {self.device[0]}: decoding op by op")
@@ -379,7 +323,7 @@ class LlamaForCausalLM(paddle.nn.Layer):
             rows.append(self._decode_one(tokens[i:i + 1], int(pos[i]), cache, i if cache_rows is None else cache_rows[i]))
         return paddle.concat(rows, axis=0)
 
-    def _decode_split(self, h, positions, cache: KVCache, rows):
+    def _decode_split(self, h, positions, cache: KVCache | PagedKVCache, index: dict):
         """A tensor-parallel rank's fused decode step: each half layer (attention by this rank's
         heads, the MLP by its inner features) is one launch whose output is the rank's partial
         sum; the ranks' sum joins the residual stream ``h`` before the next launch, and the
@@ -387,9 +331,9 @@ class LlamaForCausalLM(paddle.nn.Layer):
         weights = self._fused_weights()
         for i in range(weights.num_layers):
             for half in ("attention", "mlp"):
-                h = h + self.tp.reduce(ops.decoder_step(h, positions, weights, cache.k, cache.v, rows, part=half,
-                                                        layer=i))
-        logits = ops.decoder_step(h, positions, weights, cache.k, cache.v, rows, part="head")
+                h = h + self.tp.reduce(ops.decoder_step(h, positions, weights, cache.k, cache.v, part=half, layer=i,
+                                                        **index))
+        logits = ops.decoder_step(h, positions, weights, cache.k, cache.v, part="head", **index)
         return self.tp.gather(logits, self.config.vocab_size)
 
     def _decode_one(self, token, pos: int, cache: KVCache, row: int):

@@ -1,6 +1,8 @@
-"""Prefix caching: a free cache row keeps its prompt's keys and values, and a later request that
-shares a prefix with that prompt prefills only the rest, in that row, with the tokens it gets
-without the cache; /metrics counts the reused tokens."""
+"""The paged KV cache and prefix caching: a request's whole prompt blocks stay cached after it
+leaves, and a later request whose prompt starts with the same blocks shares them and prefills
+only the rest, getting the tokens it gets without the cache; blocks are reclaimed least recently
+used first under memory pressure; /metrics counts the reused tokens and the cache's blocks and
+bytes, which follow the tokens held rather than max-batch x max-len."""
 
 from __future__ import annotations
 
@@ -54,6 +56,18 @@ def common(a: list[int], b: list[int]) -> int:
     return n
 
 
+def expected_hits(prompts: list[list[int]], block: int) -> int:
+    """Prompt tokens served from cached blocks when the prompts run one after the other and
+    every earlier prompt's whole blocks are still cached: each shares the longest run of whole
+    blocks any earlier prompt holds, less one block when that would leave nothing to prefill."""
+    total = 0
+    for i, prompt in enumerate(prompts):
+        best = max([min(common(q, prompt), len(q) // block * block) for q in prompts[:i]], default=0)
+        hit = best // block * block
+        total += hit - block if hit >= len(prompt) else hit
+    return total
+
+
 def test_a_shared_prefix_is_prefilled_once_and_answers_do_not_change(long_base):
     from anychip_models.llama import LlamaForCausalLM
     from anychip_models.serving.engine import Engine, EngineConfig
@@ -63,42 +77,97 @@ def test_a_shared_prefix_is_prefilled_once_and_answers_do_not_change(long_base):
     prompts = [system + tok.encode(q) for q in (" What jumps?", " Say hello.", " Count from one.")]
     prompts.append(prompts[2][:len(system) + 2])  # a prompt that is a prefix of the one before
     model = LlamaForCausalLM(long_base, ("cpu", 0))
-    cached_engine = Engine(model, tok, EngineConfig(max_batch=1, max_len=1024))
+    cached_engine = Engine(model, tok, EngineConfig(max_batch=2, max_len=1024))
     cached = run(cached_engine, prompts)
-    plain = run(Engine(model, tok, EngineConfig(max_batch=1, max_len=1024, prefix_cache=False)), prompts)
+    plain = run(Engine(model, tok, EngineConfig(max_batch=2, max_len=1024, prefix_cache=False)), prompts)
     assert [c.tokens for c in cached] == [c.tokens for c in plain]
-    # one row: each request reuses what it shares with the one before (at least its last token prefilled)
-    want = sum(min(common(a, b), len(b) - 1) for a, b in zip(prompts, prompts[1:]))
-    assert want >= 3 * len(system) - 1
+    want = expected_hits(prompts, 32)
+    assert want >= 3 * (len(system) - 32)
     assert cached_engine.metrics.prefix_hit_tokens == want
     assert cached_engine.metrics.prompt_tokens == sum(len(p) for p in prompts)
 
 
-def test_the_free_row_sharing_the_longest_prefix_is_chosen(long_base):
+def test_every_earlier_prompts_blocks_stay_cached(long_base):
+    """Two prompts in turn, then each extended: each finds its own blocks, not only the last
+    request's."""
     from anychip_models.llama import LlamaForCausalLM
     from anychip_models.serving.engine import Engine, EngineConfig
 
     tok = long_base.tokenizer
     a, b = tok.encode("first topic, " * 10), tok.encode("second matter; " * 10)
-    engine = Engine(LlamaForCausalLM(long_base, ("cpu", 0)), tok, EngineConfig(max_batch=2, max_len=512))
-    run(engine, [a, b, a + tok.encode(" more"), b + tok.encode(" more")])
-    assert engine.metrics.prefix_hit_tokens == len(a) + len(b)  # each found in its own row, not the last used
+    engine = Engine(LlamaForCausalLM(long_base, ("cpu", 0)), tok, EngineConfig(max_batch=2, max_len=512, block_size=4))
+    prompts = [a, b, a + tok.encode(" more"), b + tok.encode(" more")]
+    run(engine, prompts)
+    assert engine.metrics.prefix_hit_tokens == expected_hits(prompts, 4) == len(a) // 4 * 4 + len(b) // 4 * 4
 
 
-def test_a_row_is_reused_only_for_what_it_holds(long_base):
-    """A prompt diverging from the row's at token k reuses k tokens, then overwrites the rest."""
+def test_only_whole_matching_blocks_are_shared(long_base):
+    """A prompt diverging from a cached one inside block k shares blocks 0 .. k-1 and prefills
+    the rest into blocks of its own, leaving the cached ones as they were."""
     from anychip_models.llama import LlamaForCausalLM
     from anychip_models.serving.engine import Engine, EngineConfig
 
     tok = long_base.tokenizer
     first = tok.encode("alpha beta gamma delta epsilon zeta eta theta")
-    second = first[:4] + tok.encode(" omega omega omega")
-    engine = Engine(LlamaForCausalLM(long_base, ("cpu", 0)), tok, EngineConfig(max_batch=1, max_len=256))
+    second = first[:6] + tok.encode(" omega omega omega")
+    config = dict(max_batch=1, max_len=256, block_size=4)
+    engine = Engine(LlamaForCausalLM(long_base, ("cpu", 0)), tok, EngineConfig(**config))
     got = run(engine, [first, second, first])
-    assert engine.metrics.prefix_hit_tokens == 4 + 4  # second: first's 4; third: second's first 4 again
-    fresh = run(Engine(LlamaForCausalLM(long_base, ("cpu", 0)), tok,
-                       EngineConfig(max_batch=1, max_len=256, prefix_cache=False)), [first, second, first])
+    assert engine.metrics.prefix_hit_tokens == expected_hits([first, second, first], 4) == 4 + (len(first) - 1) // 4 * 4
+    fresh = run(Engine(LlamaForCausalLM(long_base, ("cpu", 0)), tok, EngineConfig(**config, prefix_cache=False)),
+                [first, second, first])
     assert [c.tokens for c in got] == [c.tokens for c in fresh]
+
+
+def test_cached_blocks_are_reclaimed_under_memory_pressure(long_base):
+    """With room for one request's blocks, each new prompt reclaims the cached blocks of the
+    last (least recently released first) and answers as without the cache."""
+    from anychip_models.llama import LlamaForCausalLM
+    from anychip_models.serving.engine import Engine, EngineConfig
+
+    tok = long_base.tokenizer
+    prompts = [tok.encode(f"topic {w} " * 4) for w in ("one", "two", "three")]
+    prompts.append(prompts[0])  # its blocks were reclaimed by now
+    config = dict(max_batch=1, max_len=64, block_size=8, initial_blocks=1)
+    engine = Engine(LlamaForCausalLM(long_base, ("cpu", 0)), tok, EngineConfig(**config))
+    got = run(engine, prompts, max_new_tokens=6)
+    assert engine.cache.blocks == engine.blocks.limit == 8  # grown from 1, never past the limit
+    fresh = run(Engine(LlamaForCausalLM(long_base, ("cpu", 0)), tok, EngineConfig(**config, prefix_cache=False)),
+                prompts, max_new_tokens=6)
+    assert [c.tokens for c in got] == [c.tokens for c in fresh]
+    assert engine.metrics.prefix_hit_tokens < expected_hits(prompts, 8)
+
+
+def test_the_cache_holds_what_requests_fill_not_every_row(long_base):
+    """Room for 64 requests of 2,048 tokens, 16 short ones held: the pool is a small share of
+    what a cache of 64 x 2,048 slots reserves, and /metrics says both."""
+    from anychip_models.llama import LlamaForCausalLM
+    from anychip_models.sampling import SamplingParams
+    from anychip_models.serving.engine import Engine, EngineConfig
+
+    tok = long_base.tokenizer
+    engine = Engine(LlamaForCausalLM(long_base, ("cpu", 0)), tok, EngineConfig(max_batch=64, max_len=2048))
+    assert engine.fixed_cache_bytes == 64 * 2048 * engine.cache.block_bytes() // 32
+    held = threading.Event()
+    seen = []
+
+    def hold(event):  # every request stays in the batch until all 16 decode together
+        if event.kind == "text":
+            seen.append(engine.snapshot())
+            if engine.snapshot()["running"] == 16:
+                held.set()
+
+    for i in range(16):
+        engine.submit(tok.encode(f"request number {i}: tell me something"), SamplingParams(max_new_tokens=40,
+                                                                                          ignore_eos=True), hold)
+    engine.start()
+    try:
+        assert held.wait(120)
+        now = engine.snapshot()
+    finally:
+        engine.stop()
+    assert now["running"] == 16 and now["kv_blocks_in_use"] >= 16
+    assert now["kv_cache_bytes"] <= now["kv_cache_fixed_bytes"] / 32, now
 
 
 def test_metrics_report_the_hit_rate(long_base):
@@ -120,14 +189,19 @@ def test_metrics_report_the_hit_rate(long_base):
         engine.stop()
     values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line and not line.startswith("#")}
     hits, prompt = values["anychip_prefix_cache_hit_tokens_total"], values["anychip_prompt_tokens_total"]
-    assert hits == prompt / 2 - 1  # the second request prefilled its last token only
+    n = int(prompt) // 2
+    assert hits == expected_hits([[0] * n] * 2, 32) > 0  # the second request shares the first's whole blocks
     np.testing.assert_allclose(values["anychip_prefix_cache_hit_rate"], hits / prompt, atol=1e-4)
+    blocks = {k: v for k, v in values.items() if k.startswith("anychip_kv_cache_blocks")}
+    assert blocks['anychip_kv_cache_blocks{state="in_use"}'] == 0  # both left
+    assert blocks['anychip_kv_cache_blocks{state="cached_idle"}'] == n // 32  # the prompt's whole blocks
+    assert 0 < values["anychip_kv_cache_bytes"] <= values["anychip_kv_cache_fixed_bytes"]
 
 
-def test_requests_admitted_together_copy_a_shared_prompt_from_the_first(long_base):
+def test_requests_admitted_together_share_the_blocks_of_the_first(long_base):
     """The n choices of one prompt (or any requests sharing a prefix, arriving together): the
-    first is prefilled, the others copy its keys and values into their own rows, then go their
-    own way; their tokens are those of an engine without the cache."""
+    first is prefilled, the others share its whole prompt blocks and prefill the rest after it,
+    then go their own way; their tokens are those of an engine without the cache."""
     from anychip_models.llama import LlamaForCausalLM
     from anychip_models.sampling import SamplingParams
     from anychip_models.serving.engine import Engine, EngineConfig
@@ -157,4 +231,4 @@ def test_requests_admitted_together_copy_a_shared_prompt_from_the_first(long_bas
     shared, hits = choices(True)
     alone, none = choices(False)
     assert shared == alone and none == 0
-    assert hits == 2 * (len(prompt) - 1)
+    assert hits == expected_hits([prompt] * 3, 32) == 2 * ((len(prompt) - 1) // 32 * 32) > 0

@@ -22,10 +22,13 @@ def add_parser(sub, common):
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     p.add_argument("--max-batch", type=int, default=16, metavar="N",
-                   help="requests decoding together, one KV cache row each (default 16)")
+                   help="requests decoding together, one KV cache row (a block table) each (default 16)")
     p.add_argument("--max-len", type=int, default=None, metavar="N",
-                   help="tokens one request may hold, prompt and completion together: the length of a cache row "
-                        "(default 1024, or the model's context if shorter)")
+                   help="tokens one request may hold, prompt and completion together (default 1024, or the "
+                        "model's context if shorter). The paged KV cache grows with the blocks requests fill, up to "
+                        "max-batch x max-len tokens")
+    p.add_argument("--kv-block-size", type=int, default=32, metavar="N",
+                   help="token slots per block of the paged KV cache, and the unit of prefix sharing (default 32)")
     p.add_argument("--max-tokens-in-flight", type=int, default=None, metavar="N",
                    help="prompt plus max_tokens summed over the running requests; more wait in the queue "
                         "(default: max-batch x max-len, every slot)")
@@ -44,8 +47,8 @@ def add_parser(sub, common):
                         f"(default {MIN_MAX_BODY_BYTES} bytes, or {BODY_BYTES_PER_TOKEN} per token of --max-len "
                         "where that is more)")
     p.add_argument("--no-prefix-cache", action="store_true",
-                   help="prefill every prompt whole, instead of reusing a free cache row's keys and values of the "
-                        "longest prompt prefix it shares with an earlier request (a system prompt, say)")
+                   help="prefill every prompt whole, instead of sharing the cached KV blocks of the longest run "
+                        "of whole blocks of the prompt that an earlier request had (a system prompt, say)")
     p.add_argument("--served-name", metavar="NAME", help="the model id clients send (default: the --model value)")
     p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn's log level (default warning)")
@@ -70,21 +73,26 @@ def run(args) -> int:
     model = session.generator.model
     config = EngineConfig(max_batch=args.max_batch, max_len=args.max_len or min(1024, model.context),
                           max_tokens_in_flight=args.max_tokens_in_flight, max_queue=args.max_queue,
-                          prefix_cache=not args.no_prefix_cache)
+                          prefix_cache=not args.no_prefix_cache, block_size=args.kv_block_size)
     if model.tp is not None:
         from ..serving.lockstep import LeaderModel, follow
 
         if not session.main:  # a tensor-parallel rank other than 0: rank 0's engine drives it
             config.validate(model.context)
-            follow(model, model.new_cache(config.max_batch, config.max_len))
+            follow(model, model.new_paged_cache(config.max_batch, config.max_len, config.block_size,
+                                                config.initial_blocks))
             return 0
         model = LeaderModel(model)
     engine = Engine(model, session.tokenizer, config, fused=session.generator.fused)
     name = args.served_name or (Path(args.model).name if Path(args.model).exists() else args.model)
     served = ServedModel(name, {session.model_name, args.model}, session.device, session.simulated, session.weights)
     note = " (simulated: host speed)" if session.simulated else ""
-    print(f"anychip serve: {name} on {session.device}{note}, {config.max_batch} rows x {config.max_len} tokens of "
-          f"KV cache ({engine.cache_bytes / 2**20:.0f} MiB); http://{args.host}:{args.port}/", file=sys.stderr)
+    cache = (f"a paged KV cache of blocks of {config.block_size} tokens, {engine.cache_bytes / 2**20:.0f} MiB now, "
+             f"growing as needed up to {engine.fixed_cache_bytes / 2**20:.0f} MiB for {config.max_batch} requests "
+             f"of {config.max_len} tokens" if engine.blocks is not None else
+             f"{config.max_batch} rows x {config.max_len} tokens of KV cache ({engine.cache_bytes / 2**20:.0f} MiB)")
+    print(f"anychip serve: {name} on {session.device}{note}, {cache}; http://{args.host}:{args.port}/",
+          file=sys.stderr)
     engine.start()
     try:
         uvicorn.run(create_app(engine, served, server_config), host=args.host, port=args.port, log_level=args.log_level)

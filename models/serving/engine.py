@@ -4,10 +4,14 @@ Between two decode steps the loop drops cancelled requests, admits waiting ones 
 and the token budget allow (prefilled together, right-padded, each into its row: the same logits
 bit for bit as alone, tested, and one pass over the weights for all), then decodes one token for
 every running request in one ``decode`` call over their rows. A request leaves the batch the step it
-finishes, and its row is free for the next. The KV cache is slot-based: ``max_batch`` rows of
-``max_len`` token slots, allocated once at start, so memory never grows with load; a request
-reserves its prompt plus its ``max_new_tokens`` of the ``max_tokens_in_flight`` budget, waits in
-the queue while they are taken, and is refused (:class:`EngineBusy`) when the queue is full.
+finishes, and its row is free for the next. The KV cache is paged (:mod:`.blocks`): a row is a
+block table, and a request holds the blocks its tokens fill, taken as it grows, sharing the cached
+blocks of a prompt prefix it has in common with earlier requests; the pool's memory grows with the
+blocks in use, up to what ``max_batch`` rows of ``max_len`` tokens would take. A request reserves
+its prompt plus its ``max_new_tokens`` of the ``max_tokens_in_flight`` budget (and its worst case
+of blocks), waits in the queue while they are taken, and is refused (:class:`EngineBusy`) when
+the queue is full. (A model with a Prefix Tuning prefix keeps the prefix in every row of a
+fixed cache of ``max_batch`` x ``max_len`` slots instead, without prefix caching.)
 
 Callers (the HTTP server) never touch the model: they ``submit`` token ids with sampling
 parameters and receive :class:`Event` s through a callback, from the engine's thread.
@@ -28,6 +32,7 @@ import numpy as np
 from ..generate import Completion, Sequence
 from ..llama import LlamaForCausalLM, paddle
 from ..sampling import SamplingParams, sample, token_logprob
+from .blocks import BlockPool
 from anychip.ops.dispatch import place
 
 
@@ -46,10 +51,12 @@ class EngineConfig:
     max_tokens_in_flight: int | None = None  # reserved tokens of running requests; None: all slots
     max_queue: int = 256                  # waiting requests before new ones are refused
     prefill_tokens: int = 4096            # padded tokens (batch x longest prompt) per prefill pass
-    prefix_cache: bool = True             # reuse a free row's keys and values of a shared prompt prefix
+    prefix_cache: bool = True             # share the cached blocks of a common prompt prefix
+    block_size: int = 32                  # token slots per block of the paged KV cache
+    initial_blocks: int = 16              # blocks the paged cache starts with (it grows as needed)
 
     def validate(self, context: int) -> None:
-        for name in ("max_batch", "max_len", "max_queue", "prefill_tokens"):
+        for name in ("max_batch", "max_len", "max_queue", "prefill_tokens", "block_size", "initial_blocks"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_len > context:
@@ -98,12 +105,13 @@ class Handle:
 
 
 class _Running:
-    """A request holding a cache row."""
+    """A request holding a cache row (with a paged cache: the blocks of its table)."""
 
     def __init__(self, handle: Handle, row: int, tokenizer):
         self.handle, self.row = handle, row
-        self.start = 0  # prompt tokens whose keys and values the row already holds (prefix cache)
-        self.donor: int | None = None  # a busy row to copy those from first (it holds them)
+        self.start = 0  # prompt tokens whose keys and values shared blocks hold (prefix cache)
+        self.table: list[int] = []  # its blocks, in slot order (paged)
+        self.blocks = 0  # blocks of its worst case, reserved at admission (paged)
         self.seq = Sequence(handle.prompt, tokenizer, handle.params)
         self.rng = np.random.default_rng(handle.params.seed)
         self.unsent: list = []  # token logprobs not yet in an event
@@ -120,7 +128,7 @@ class Metrics:
 
     requests: dict = field(default_factory=lambda: {"stop": 0, "length": 0, "cancelled": 0, "error": 0})
     prompt_tokens: int = 0
-    prefix_hit_tokens: int = 0  # prompt tokens whose keys and values a free row already held
+    prefix_hit_tokens: int = 0  # prompt tokens whose keys and values cached blocks already held
     completion_tokens: int = 0
     decode_steps: int = 0
     decode_s: float = 0.0   # time in batched decode calls (the model, not sampling or streaming)
@@ -153,16 +161,20 @@ class Engine:
     def __init__(self, model: LlamaForCausalLM, tokenizer, config: EngineConfig | None = None, fused: bool = True):
         self.model, self.tokenizer, self.fused = model, tokenizer, fused
         self.config = config or EngineConfig()
-        self.config.validate(model.context)
-        self.cache = model.new_cache(self.config.max_batch, self.config.max_len)
+        c = self.config
+        c.validate(model.context)
+        self.blocks: BlockPool | None = None
+        if model.prefix_len:  # the prefix in every row of a fixed cache, nothing shared
+            self.cache = model.new_cache(c.max_batch, c.max_len)
+        else:
+            limit = c.max_batch * -(-c.max_len // c.block_size)
+            self.cache = model.new_paged_cache(c.max_batch, c.max_len, c.block_size, min(limit, c.initial_blocks))
+            self.blocks = BlockPool(self.cache, limit)
         self.metrics = Metrics()
         self._cond = threading.Condition()
         self._waiting: deque[Handle] = deque()
         self._running: list[_Running] = []
-        self._free_rows = list(range(self.config.max_batch))  # least recently used first
-        # The prompt tokens whose keys and values each row holds (slots 0 .. n-1): a free row keeps
-        # them until it is reused, so a request sharing that prefix prefills only the rest.
-        self._row_tokens: dict[int, list[int]] = {}
+        self._free_rows = list(range(c.max_batch))
         self._ids = itertools.count(1)
         self._stopping = False
         self.failure: str | None = None  # why the engine thread stopped, if it died
@@ -170,7 +182,15 @@ class Engine:
 
     @property
     def cache_bytes(self) -> int:
+        """Bytes the KV cache holds now."""
         return self.cache.nbytes
+
+    @property
+    def fixed_cache_bytes(self) -> int:
+        """Bytes a cache of ``max_batch`` rows of ``max_len`` slots would reserve up front."""
+        if self.blocks is None:
+            return self.cache.nbytes
+        return self.cache.block_bytes() * self.config.max_batch * self.config.max_len // self.config.block_size
 
     # ---- called from any thread ----------------------------------------------------------------
 
@@ -221,8 +241,14 @@ class Engine:
     def snapshot(self) -> dict:
         """Gauges for /metrics and /health."""
         with self._cond:
-            return {"queue_depth": sum(not h.cancelled for h in self._waiting), "running": len(self._running),
-                    "reserved_tokens": sum(r.handle.reserved for r in self._running)}
+            gauges = {"queue_depth": sum(not h.cancelled for h in self._waiting), "running": len(self._running),
+                      "reserved_tokens": sum(r.handle.reserved for r in self._running),
+                      "kv_cache_bytes": self.cache_bytes, "kv_cache_fixed_bytes": self.fixed_cache_bytes}
+            if self.blocks is not None:
+                gauges.update(kv_blocks=self.cache.blocks, kv_blocks_limit=self.blocks.limit,
+                              kv_blocks_in_use=self.blocks.in_use, kv_blocks_cached=self.blocks.cached_idle,
+                              kv_block_size=self.config.block_size)
+            return gauges
 
     # ---- the engine thread ---------------------------------------------------------------------
 
@@ -268,56 +294,49 @@ class Engine:
         """Under the lock: waiting requests (in order) that a free row and the budget take."""
         admitted = []
         reserved = sum(r.handle.reserved for r in self._running)
+        blocks = sum(r.blocks for r in self._running)
         while self._waiting and self._free_rows:
             handle = self._waiting[0]
             if handle.cancelled:
                 self._waiting.popleft()
                 self._count("cancelled")
                 continue
-            if reserved + handle.reserved > self.config.budget:
+            need = 0 if self.blocks is None else self.blocks.blocks_for(handle.reserved)
+            if reserved + handle.reserved > self.config.budget or (self.blocks and blocks + need > self.blocks.limit):
                 break
             self._waiting.popleft()
-            row, start, donor = self._pick_row(handle, admitted)
             try:
-                request = _Running(handle, row, self.tokenizer)
+                request = _Running(handle, self._free_rows[0], self.tokenizer)
             except Exception as e:  # one request's set-up fails that request alone
                 self._count("error")
                 _notify(handle, Event("error", error=f"the request could not start: {e}"))
                 continue
-            request.start, request.donor = start, donor
-            self._free_rows.remove(row)
+            self._free_rows.pop(0)
+            if self.blocks is not None:
+                request.blocks = need
+                self._take_blocks(request)
             reserved += handle.reserved
+            blocks += need
             self._running.append(request)
             admitted.append(request)
         return admitted
 
-    def _pick_row(self, handle: Handle, admitted: list[_Running]) -> tuple[int, int, int | None]:
-        """A free row for ``handle``, how many of its prompt tokens it starts with, and the busy
-        row to copy those from (None: the row holds them). The row holding the longest shared
-        prefix wins: a free one is taken as it is; a busy one (a running request's, or one
-        admitted in this step: the n choices of one prompt) lends its keys and values to the
-        least recently used free row. At least one prompt token is always prefilled, for the
-        logits."""
-        lru = self._free_rows[0]
-        if not self.config.prefix_cache or handle.params.prompt_logprobs is not None:
-            return lru, 0, None
-        prompt = handle.prompt
-        holders = [(row, self._row_tokens.get(row, ())) for row in self._free_rows]
-        holders += [(r.row, self._row_tokens.get(r.row, ())) for r in self._running if r not in admitted]
-        holders += [(r.row, r.handle.prompt) for r in admitted if r.donor is None and r.start == 0]
-        best, best_len = lru, 0
-        for row, held in holders:
-            n = 0
-            for a, b in zip(held, prompt):
-                if a != b:
-                    break
-                n += 1
-            if n > best_len:
-                best, best_len = row, n
-        start = min(best_len, len(prompt) - 1)
-        if best in self._free_rows or start == 0:
-            return (best if start else lru), start, None
-        return lru, start, best
+    def _take_blocks(self, request: _Running) -> None:
+        """The blocks of ``request``'s prompt: the cached ones of its longest cached prefix of
+        whole blocks (at least one prompt token is left to prefill, for the logits), then its
+        own. Its whole prompt blocks are offered to later requests at once: one admitted in this
+        step with the same prompt (the n choices of one request) prefills after it."""
+        pool, prompt = self.blocks, request.handle.prompt
+        shared = []
+        if self.config.prefix_cache and request.handle.params.prompt_logprobs is None:
+            shared = pool.match(prompt)
+            if len(shared) * pool.size >= len(prompt):
+                pool.release([shared.pop()])
+        request.start = len(shared) * pool.size
+        request.table = shared + [pool.allocate() for _ in range(pool.blocks_for(len(prompt)) - len(shared))]
+        self.cache.set_table(request.row, request.table)
+        if self.config.prefix_cache:
+            pool.register(prompt, request.table)
 
     def _tensor(self, array):
         return paddle.to_tensor(array, place=place(self.model.device))
@@ -327,11 +346,11 @@ class Engine:
         longer than that goes alone, as does one that wants its prompt's log-probabilities: its
         pass returns every position's logits)."""
         def alone(r):  # a prompt resuming after a cached prefix, or wanting every position's logits
-            return r.start > 0 or r.donor is not None or r.handle.params.prompt_logprobs is not None
+            return r.start > 0 or r.handle.params.prompt_logprobs is not None
 
-        # those copying from a row admitted with them go last: after that row's prefill
-        groups = [[r] for r in admitted if alone(r) and r.donor is None]
-        lenders = [[r] for r in admitted if r.donor is not None]
+        # those resuming after cached blocks go last: another request of this step may fill them
+        groups = [[r] for r in admitted if alone(r) and r.start == 0]
+        resuming = [[r] for r in admitted if r.start > 0]
         group = []
         for request in sorted((r for r in admitted if not alone(r)), key=lambda r: len(r.handle.prompt)):
             width = len(request.handle.prompt)  # sorted: the longest so far
@@ -339,7 +358,7 @@ class Engine:
                 groups.append(group)
                 group = []
             group.append(request)
-        return groups + ([group] if group else []) + lenders
+        return groups + ([group] if group else []) + resuming
 
     def _prefill(self, group: list[_Running]) -> None:
         lengths = [len(r.handle.prompt) for r in group]
@@ -348,13 +367,9 @@ class Engine:
         for i, r in enumerate(group):                       # lets a real token see the padding
             ids[i, :lengths[i]] = r.handle.prompt
         positions = np.broadcast_to(np.arange(width, dtype=np.int64), ids.shape).copy()
-        for r in group:  # the rows' old contents are overwritten from here on
-            self._row_tokens.pop(r.row, None)
         start = time.perf_counter()
         wanted = group[0].handle.params.prompt_logprobs  # such a request is prefilled alone
-        cached = group[0].start  # likewise a request resuming after the row's cached prefix
-        if group[0].donor is not None:  # ... or after another row's, copied over first
-            self.model.copy_cache(self.cache, group[0].donor, group[0].row, cached)
+        cached = group[0].start  # likewise a request resuming after cached blocks
         if cached:
             rest = np.asarray(group[0].handle.prompt[cached:], dtype=np.int64)[None]
             logits = self.model(self._tensor(rest), self._tensor(np.arange(cached, cached + rest.shape[1])[None]),
@@ -374,14 +389,16 @@ class Engine:
                                 cache_rows=[r.row for r in group]).numpy()
         self.metrics.prefill_s += time.perf_counter() - start
         self.metrics.prompt_tokens += sum(lengths)
-        if self.config.prefix_cache:
-            for r in group:
-                self._row_tokens[r.row] = list(r.handle.prompt)
         for request, row in zip(group, logits):
             self._take_or_fail(request, row)
 
     def _decode(self) -> None:
         batch = list(self._running)
+        if self.blocks is not None:  # a block for each token that starts one
+            for r in batch:
+                if r.position >= len(r.table) * self.blocks.size:
+                    r.table.append(self.blocks.allocate())
+                    self.cache.set_table(r.row, r.table)
         tokens = np.array([r.seq.out.tokens[-1] for r in batch], dtype=np.int64)
         positions = np.array([r.position for r in batch], dtype=np.int64)
         start = time.perf_counter()
@@ -435,6 +452,9 @@ class Engine:
         with self._cond:
             self._running.remove(request)
             self._free_rows.append(request.row)
+            if self.blocks is not None:  # a failed request's blocks may hold a partial prefill
+                self.blocks.release(request.table, keep=not error)
+                self.cache.set_table(request.row, [])
         handle = request.handle
         if error:
             self._count("error")

@@ -4,9 +4,10 @@ which make the same call on their share of the model, so that the ranks meet in 
 collectives in the same order.
 
 An announcement is two broadcasts over the tensor-parallel group: a header of int64s (what call,
-its shapes, the cache slot it starts at) and the call's integer inputs (token ids, positions, the rows to read, the cache
-rows), on the model's device. The followers hold a KV cache of the engine's shape, its rows
-filled by the same calls as rank 0's.
+its shapes, the cache slot it starts at, the paged cache's blocks and table width) and the call's
+integer inputs (token ids, positions, the rows to read, the cache rows and their block tables),
+on the model's device. The followers hold a paged KV cache of the engine's shape, grown and its
+rows' tables set as rank 0's before each call, so the same calls fill the same blocks.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from anychip.paddle_frontend import import_paddle
 
 paddle = import_paddle()
 
-STOP, PREFILL, DECODE, COPY = 0, 1, 2, 3
-HEADER = 7  # kind, batch, width, has last_index, cache rows, fused, start
+STOP, PREFILL, DECODE = 0, 1, 2
+HEADER = 9  # kind, batch, width, has last_index, cache rows, fused, start, pool blocks, table width
 
 
 class LeaderModel:
@@ -38,23 +39,33 @@ class LeaderModel:
         last = None if last_index is None else last_index.numpy()
         rows = list(range(ids.shape[0])) if cache_rows is None else list(cache_rows)
         _announce(self.tp, self.model.device,
-                  [PREFILL, ids.shape[0], ids.shape[1], last is not None, len(rows), 0, start],
-                  [ids.reshape(-1), pos.reshape(-1), np.zeros(0, np.int64) if last is None else last, rows])
+                  [PREFILL, ids.shape[0], ids.shape[1], last is not None, len(rows), 0, start] + _pool(cache),
+                  [ids.reshape(-1), pos.reshape(-1), np.zeros(0, np.int64) if last is None else last, rows,
+                   _tables(cache, rows)])
         return self.model(tokens, positions, cache, start=start, last_index=last_index, cache_rows=cache_rows)
 
     def decode(self, tokens, positions, cache, fused: bool = True, cache_rows=None):
         ids, pos = tokens.numpy(), positions.numpy()
         rows = list(range(ids.shape[0])) if cache_rows is None else list(cache_rows)
-        _announce(self.tp, self.model.device, [DECODE, ids.shape[0], 1, 0, len(rows), int(fused), 0], [ids, pos, rows])
+        _announce(self.tp, self.model.device, [DECODE, ids.shape[0], 1, 0, len(rows), int(fused), 0] + _pool(cache),
+                  [ids, pos, rows, _tables(cache, rows)])
         return self.model.decode(tokens, positions, cache, fused=fused, cache_rows=cache_rows)
-
-    def copy_cache(self, cache, src: int, dst: int, n: int) -> None:
-        _announce(self.tp, self.model.device, [COPY, src, dst, n, 0, 0, 0], [])
-        self.model.copy_cache(cache, src, dst, n)
 
     def stop(self) -> None:
         """Ends the followers' loops."""
-        _announce(self.tp, self.model.device, [STOP, 0, 0, 0, 0, 0, 0], [])
+        _announce(self.tp, self.model.device, [STOP] + [0] * (HEADER - 1), [])
+
+
+def _pool(cache) -> list[int]:
+    return [cache.blocks, cache.width]
+
+
+def _tables(cache, rows: list[int]) -> np.ndarray:
+    """The rows' block tables, each padded with -1 to the cache's table width."""
+    out = np.full((len(rows), cache.width), -1, np.int64)
+    for i, row in enumerate(rows):
+        out[i, :len(cache.tables[row])] = cache.tables[row]
+    return out
 
 
 def follow(model, cache) -> None:
@@ -62,24 +73,24 @@ def follow(model, cache) -> None:
     dev = place(model.device)
     with paddle.no_grad():
         while True:
-            kind, b, t, has_last, n_rows, fused, start = (int(v) for v in _receive(model.tp, model.device, HEADER))
+            header = [int(v) for v in _receive(model.tp, model.device, HEADER)]
+            kind, b, t, has_last, n_rows, fused, start, blocks, width = header
             if kind == STOP:
                 return
-            if kind == COPY:  # (the header's batch, width and last fields hold src, dst, n)
-                model.copy_cache(cache, b, t, has_last)
-                continue
+            inputs = b * t * 2 + (b if has_last else 0) if kind == PREFILL else 2 * b
+            payload = _receive(model.tp, model.device, inputs + n_rows + n_rows * width)
+            rows = [int(r) for r in payload[inputs:inputs + n_rows]]
+            cache.reserve(blocks)
+            for row, table in zip(rows, payload[inputs + n_rows:].reshape(n_rows, width)):
+                cache.set_table(row, [int(v) for v in table if v >= 0])
             if kind == PREFILL:
-                n = b * t + b * t + (b if has_last else 0) + n_rows
-                payload = _receive(model.tp, model.device, n)
                 ids, pos = payload[:b * t].reshape(b, t), payload[b * t:2 * b * t].reshape(b, t)
                 last = payload[2 * b * t:2 * b * t + b] if has_last else None
-                rows = [int(r) for r in payload[len(payload) - n_rows:]]
                 model(paddle.to_tensor(ids, place=dev), paddle.to_tensor(pos, place=dev), cache, start=start,
                       last_index=None if last is None else paddle.to_tensor(last, place=dev), cache_rows=rows)
             else:
-                payload = _receive(model.tp, model.device, 2 * b + n_rows)
                 model.decode(paddle.to_tensor(payload[:b], place=dev), paddle.to_tensor(payload[b:2 * b], place=dev),
-                             cache, fused=bool(fused), cache_rows=[int(r) for r in payload[2 * b:]])
+                             cache, fused=bool(fused), cache_rows=rows)
 
 
 def _announce(tp, device, header: list, parts: list) -> None:

@@ -303,7 +303,7 @@ def render_metrics(engine: Engine, served: ServedModel, rejected: dict[int, int]
            [({"status": str(k)}, v) for k, v in sorted(rejected.items())])
     metric("prompt_tokens_total", "counter", "Prompt tokens of the requests prefilled.", [({}, m.prompt_tokens)])
     metric("prefix_cache_hit_tokens_total", "counter",
-           "Prompt tokens whose keys and values a cache row held already (not prefilled again).",
+           "Prompt tokens whose keys and values cached blocks held already (not prefilled again).",
            [({}, m.prefix_hit_tokens)])
     metric("prefix_cache_hit_rate", "gauge", "Share of prompt tokens served from the prefix cache since start.",
            [({}, round(m.prefix_hit_tokens / m.prompt_tokens, 4) if m.prompt_tokens else 0.0)])
@@ -315,6 +315,15 @@ def render_metrics(engine: Engine, served: ServedModel, rejected: dict[int, int]
     metric("queue_depth", "gauge", "Requests waiting for a cache row.", [({}, now["queue_depth"])])
     metric("batch_size", "gauge", "Requests decoding together now.", [({}, now["running"])])
     metric("reserved_tokens", "gauge", "Prompt plus max tokens of the running requests.", [({}, now["reserved_tokens"])])
+    metric("kv_cache_bytes", "gauge", "Bytes the KV cache holds now.", [({}, now["kv_cache_bytes"])])
+    metric("kv_cache_fixed_bytes", "gauge",
+           "Bytes a cache of max-batch rows of max-len tokens would reserve up front (the paged cache's limit).",
+           [({}, now["kv_cache_fixed_bytes"])])
+    if "kv_blocks" in now:
+        metric("kv_cache_blocks", "gauge", "Blocks of the paged KV cache, by state.",
+               [({"state": "allocated"}, now["kv_blocks"]), ({"state": "in_use"}, now["kv_blocks_in_use"]),
+                ({"state": "cached_idle"}, now["kv_blocks_cached"]), ({"state": "limit"}, now["kv_blocks_limit"])])
+        metric("kv_cache_block_size", "gauge", "Token slots per block.", [({}, now["kv_block_size"])])
     out.append("# HELP anychip_time_to_first_token_seconds From submission to the first generated token.")
     out.append("# TYPE anychip_time_to_first_token_seconds histogram")
     for bound, count in sorted(m.ttft_buckets.items()):  # each bucket already counts every ttft <= its bound
