@@ -232,3 +232,24 @@ def test_requests_admitted_together_share_the_blocks_of_the_first(long_base):
     alone, none = choices(False)
     assert shared == alone and none == 0
     assert hits == expected_hits([prompt] * 3, 32) == 2 * ((len(prompt) - 1) // 32 * 32) > 0
+
+
+@pytest.mark.parametrize("device", ["npu", "xpu"])
+def test_paged_blocks_are_read_and_written_on_a_simulated_chip_without_fallback(long_base, device):
+    """Prefill writing blocks, a resumed prefill reading shared ones, the fused step reading
+    block tables: all on the chip, no CPU fallback, the cpu engine's tokens."""
+    import anychip
+    from anychip_models.llama import LlamaForCausalLM
+    from anychip_models.serving.engine import Engine, EngineConfig
+
+    tok = long_base.tokenizer
+    system = tok.encode("Shared instructions for every request. " * 3)
+    prompts = [system + tok.encode(q) for q in (" One?", " Two?", " Three?")]
+    config = dict(max_batch=2, max_len=256, block_size=16)
+    want = run(Engine(LlamaForCausalLM(long_base, ("cpu", 0)), tok, EngineConfig(**config)), prompts)
+    anychip.reset_fallbacks()
+    engine = Engine(LlamaForCausalLM(long_base, (device, 0)), tok, EngineConfig(**config))
+    got = run(engine, prompts)
+    assert [c.tokens for c in got] == [c.tokens for c in want]
+    assert engine.metrics.prefix_hit_tokens == expected_hits(prompts, 16) > 0
+    assert not {k: v for k, v in anychip.fallback_counts().items() if k[0].startswith(device)}
