@@ -145,6 +145,11 @@ class PagedKVCache:
             raise ValueError(f"row {row}: blocks {blocks} must be at most {self.width} of the pool's {self.blocks}")
         self.tables[row] = list(blocks)
 
+    def copy_block(self, src: int, dst: int) -> None:
+        """Block ``dst`` of every layer becomes a copy of block ``src``."""
+        self.k[:, dst] = self.k[:, src]
+        self.v[:, dst] = self.v[:, src]
+
     def _runs(self, row: int, start: int, end: int):
         """(block, offset in it, first, last) of the runs of slots [start, end) of ``row`` that
         its blocks hold, the offsets into that range."""
@@ -179,9 +184,12 @@ class PagedKVCache:
         if used > len(self.tables[row]):
             raise ValueError(f"row {row} has {len(self.tables[row])} blocks of {self.block_size} slots, not the "
                              f"{length} tokens asked for")
-        index = paddle.to_tensor(np.asarray(self.tables[row][:used], dtype=np.int64), place=place(self.device))
+        # blocks of all layers in one dim: indexing the pool by layer first would copy the layer
+        blocks = np.asarray(self.tables[row][:used], dtype=np.int64) + layer * self.blocks
+        index = paddle.to_tensor(blocks, place=place(self.device))
+        flat = [c.num_layers * self.blocks, self.block_size, c.num_kv_heads, c.head_dim]
         shape = [used * self.block_size, c.num_kv_heads, c.head_dim]
-        k, v = (paddle.index_select(t[layer], index).reshape(shape)[:length] for t in (self.k, self.v))
+        k, v = (paddle.index_select(t.reshape(flat), index).reshape(shape)[:length] for t in (self.k, self.v))
         return _dense(k, v, self.dtype)
 
     def index(self, rows: list[int] | None, batch: int) -> dict:

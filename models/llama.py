@@ -174,6 +174,12 @@ class LlamaForCausalLM(paddle.nn.Layer):
                              "paged cache")
         return PagedKVCache(self.config, rows, max_len, self.device, self.kv_dtype, block_size, blocks)
 
+    def copy_block(self, cache: PagedKVCache, src: int, dst: int) -> None:
+        """Block ``dst`` of the paged ``cache`` becomes a copy of block ``src`` (the part of a
+        cached prompt block that a new prompt shares, copied for it to write on)."""
+        with paddle.no_grad():
+            cache.copy_block(src, dst)
+
     # ---- op by op: prefill, and decode where the device has no decoder_step kernel ----------
 
     def forward(self, tokens, positions, cache: KVCache | None = None, start: int = 0, last_index=None,

@@ -55,6 +55,33 @@ def test_echo_gives_the_prompt_and_completion_log_probabilities_of_one_forward(c
     np.testing.assert_allclose(lp.token_logprobs[1:len(ids)], reference_logprobs(base, ids), atol=1e-4)
 
 
+@pytest.mark.parametrize("n", [1, 2])
+def test_echo_with_logprobs_streams_what_the_whole_reply_holds(client, n):
+    """Streamed, each choice's first chunk is the echoed prompt with its log-probabilities (sent
+    once its prefill gave them), then its tokens; joined, the same text and log-probabilities
+    (text offsets included) as the reply that is not streamed."""
+    body = dict(model="model", prompt="The capital of France is", max_tokens=5, temperature=0, logprobs=2, echo=True,
+                n=n, extra_body={"ignore_eos": True})
+    whole = client.completions.create(**body)
+    texts, fields = {}, {}
+    for chunk in client.completions.create(**body, stream=True):
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + (choice.text or "")
+            if choice.logprobs is not None:
+                got = fields.setdefault(choice.index, {"tokens": [], "token_logprobs": [], "text_offset": []})
+                for key in got:
+                    got[key] += getattr(choice.logprobs, key)
+    for choice in whole.choices:
+        assert texts[choice.index] == choice.text
+        for key, value in fields[choice.index].items():
+            want = getattr(choice.logprobs, key)
+            if key == "token_logprobs":
+                assert value[0] is None and want[0] is None
+                np.testing.assert_allclose(value[1:], want[1:], atol=1e-6)
+            else:
+                assert value == want, key
+
+
 def test_the_engines_log_probabilities_equal_one_forward_over_prompt_and_completion(base):
     """Prefill (the prompt's, through echo) and every decode step (the completion's), against
     log-softmax of one teacher-forced forward over the same tokens."""
@@ -132,7 +159,6 @@ def test_n_streams_carry_each_choices_index(client):
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21},
      "top_logprobs"),
     ("/v1/completions", {"prompt": "hi", "logprobs": 6}, "logprobs"),
-    ("/v1/completions", {"prompt": "hi", "logprobs": 1, "echo": True, "stream": True}, "stream"),
     ("/v1/completions", {"prompt": "hi", "n": 0}, "n"),
     ("/v1/completions", {"prompt": "hi", "echo": "yes"}, "echo"),
 ])

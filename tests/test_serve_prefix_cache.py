@@ -1,6 +1,7 @@
-"""The paged KV cache and prefix caching: a request's whole prompt blocks stay cached after it
-leaves, and a later request whose prompt starts with the same blocks shares them and prefills
-only the rest, getting the tokens it gets without the cache; blocks are reclaimed least recently
+"""The paged KV cache and prefix caching: a request's prompt blocks stay cached after it leaves,
+and a later request whose prompt starts with the same tokens shares the whole blocks, copies the
+part of the next block it agrees with, and prefills only the rest, getting the tokens it gets
+without the cache; blocks are reclaimed least recently
 used first under memory pressure; /metrics counts the reused tokens and the cache's blocks and
 bytes, which follow the tokens held rather than max-batch x max-len."""
 
@@ -56,16 +57,12 @@ def common(a: list[int], b: list[int]) -> int:
     return n
 
 
-def expected_hits(prompts: list[list[int]], block: int) -> int:
+def expected_hits(prompts: list[list[int]]) -> int:
     """Prompt tokens served from cached blocks when the prompts run one after the other and
-    every earlier prompt's whole blocks are still cached: each shares the longest run of whole
-    blocks any earlier prompt holds, less one block when that would leave nothing to prefill."""
-    total = 0
-    for i, prompt in enumerate(prompts):
-        best = max([min(common(q, prompt), len(q) // block * block) for q in prompts[:i]], default=0)
-        hit = best // block * block
-        total += hit - block if hit >= len(prompt) else hit
-    return total
+    every earlier prompt's blocks are still cached: each shares the longest prefix any earlier
+    prompt has in common with it (whole blocks by reference, the rest of a block by a copy),
+    leaving its last token to prefill."""
+    return sum(min(max([common(q, p) for q in prompts[:i]], default=0), len(p) - 1) for i, p in enumerate(prompts))
 
 
 def test_a_shared_prefix_is_prefilled_once_and_answers_do_not_change(long_base):
@@ -81,8 +78,8 @@ def test_a_shared_prefix_is_prefilled_once_and_answers_do_not_change(long_base):
     cached = run(cached_engine, prompts)
     plain = run(Engine(model, tok, EngineConfig(max_batch=2, max_len=1024, prefix_cache=False)), prompts)
     assert [c.tokens for c in cached] == [c.tokens for c in plain]
-    want = expected_hits(prompts, 32)
-    assert want >= 3 * (len(system) - 32)
+    want = expected_hits(prompts)
+    assert want >= 3 * len(system)
     assert cached_engine.metrics.prefix_hit_tokens == want
     assert cached_engine.metrics.prompt_tokens == sum(len(p) for p in prompts)
 
@@ -98,12 +95,13 @@ def test_every_earlier_prompts_blocks_stay_cached(long_base):
     engine = Engine(LlamaForCausalLM(long_base, ("cpu", 0)), tok, EngineConfig(max_batch=2, max_len=512, block_size=4))
     prompts = [a, b, a + tok.encode(" more"), b + tok.encode(" more")]
     run(engine, prompts)
-    assert engine.metrics.prefix_hit_tokens == expected_hits(prompts, 4) == len(a) // 4 * 4 + len(b) // 4 * 4
+    assert engine.metrics.prefix_hit_tokens == expected_hits(prompts) == len(a) + len(b)
 
 
-def test_only_whole_matching_blocks_are_shared(long_base):
-    """A prompt diverging from a cached one inside block k shares blocks 0 .. k-1 and prefills
-    the rest into blocks of its own, leaving the cached ones as they were."""
+def test_a_prompt_diverging_inside_a_block_copies_the_part_it_shares(long_base):
+    """A prompt diverging from a cached one inside block k shares blocks 0 .. k-1, copies block
+    k into a block of its own, and prefills from where they differ, leaving the cached block as
+    it was (the third request, the first again, finds it intact)."""
     from anychip_models.llama import LlamaForCausalLM
     from anychip_models.serving.engine import Engine, EngineConfig
 
@@ -113,7 +111,7 @@ def test_only_whole_matching_blocks_are_shared(long_base):
     config = dict(max_batch=1, max_len=256, block_size=4)
     engine = Engine(LlamaForCausalLM(long_base, ("cpu", 0)), tok, EngineConfig(**config))
     got = run(engine, [first, second, first])
-    assert engine.metrics.prefix_hit_tokens == expected_hits([first, second, first], 4) == 4 + (len(first) - 1) // 4 * 4
+    assert engine.metrics.prefix_hit_tokens == expected_hits([first, second, first]) == 6 + len(first) - 1
     fresh = run(Engine(LlamaForCausalLM(long_base, ("cpu", 0)), tok, EngineConfig(**config, prefix_cache=False)),
                 [first, second, first])
     assert [c.tokens for c in got] == [c.tokens for c in fresh]
@@ -135,7 +133,7 @@ def test_cached_blocks_are_reclaimed_under_memory_pressure(long_base):
     fresh = run(Engine(LlamaForCausalLM(long_base, ("cpu", 0)), tok, EngineConfig(**config, prefix_cache=False)),
                 prompts, max_new_tokens=6)
     assert [c.tokens for c in got] == [c.tokens for c in fresh]
-    assert engine.metrics.prefix_hit_tokens < expected_hits(prompts, 8)
+    assert engine.metrics.prefix_hit_tokens < expected_hits(prompts)
 
 
 def test_the_cache_holds_what_requests_fill_not_every_row(long_base):
@@ -190,11 +188,11 @@ def test_metrics_report_the_hit_rate(long_base):
     values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line and not line.startswith("#")}
     hits, prompt = values["anychip_prefix_cache_hit_tokens_total"], values["anychip_prompt_tokens_total"]
     n = int(prompt) // 2
-    assert hits == expected_hits([[0] * n] * 2, 32) > 0  # the second request shares the first's whole blocks
+    assert hits == n - 1  # the second request prefilled its last token only
     np.testing.assert_allclose(values["anychip_prefix_cache_hit_rate"], hits / prompt, atol=1e-4)
     blocks = {k: v for k, v in values.items() if k.startswith("anychip_kv_cache_blocks")}
     assert blocks['anychip_kv_cache_blocks{state="in_use"}'] == 0  # both left
-    assert blocks['anychip_kv_cache_blocks{state="cached_idle"}'] == n // 32  # the prompt's whole blocks
+    assert blocks['anychip_kv_cache_blocks{state="cached_idle"}'] >= -(-n // 32)  # at least the prompt's blocks
     assert 0 < values["anychip_kv_cache_bytes"] <= values["anychip_kv_cache_fixed_bytes"]
 
 
@@ -231,7 +229,7 @@ def test_requests_admitted_together_share_the_blocks_of_the_first(long_base):
     shared, hits = choices(True)
     alone, none = choices(False)
     assert shared == alone and none == 0
-    assert hits == expected_hits([prompt] * 3, 32) == 2 * ((len(prompt) - 1) // 32 * 32) > 0
+    assert hits == expected_hits([prompt] * 3) == 2 * (len(prompt) - 1)
 
 
 @pytest.mark.parametrize("device", ["npu", "xpu"])
@@ -251,5 +249,5 @@ def test_paged_blocks_are_read_and_written_on_a_simulated_chip_without_fallback(
     engine = Engine(LlamaForCausalLM(long_base, (device, 0)), tok, EngineConfig(**config))
     got = run(engine, prompts)
     assert [c.tokens for c in got] == [c.tokens for c in want]
-    assert engine.metrics.prefix_hit_tokens == expected_hits(prompts, 16) > 0
+    assert engine.metrics.prefix_hit_tokens == expected_hits(prompts) > 0
     assert not {k: v for k, v in anychip.fallback_counts().items() if k[0].startswith(device)}

@@ -32,7 +32,7 @@ import numpy as np
 from ..generate import Completion, Sequence
 from ..llama import LlamaForCausalLM, paddle
 from ..sampling import SamplingParams, sample, token_logprob
-from .blocks import BlockPool
+from .blocks import BlockPool, Match
 from anychip.ops.dispatch import place
 
 
@@ -79,6 +79,7 @@ class Event:
     completion: Completion | None = None
     error: str = ""
     logprobs: list = field(default_factory=list)  # TokenLogprobs of the tokens since the last event
+    prompt_logprobs: list | None = None  # on a request's first text event, when it asked for them
 
 
 @dataclass
@@ -112,9 +113,11 @@ class _Running:
         self.start = 0  # prompt tokens whose keys and values shared blocks hold (prefix cache)
         self.table: list[int] = []  # its blocks, in slot order (paged)
         self.blocks = 0  # blocks of its worst case, reserved at admission (paged)
+        self.copy: Match | None = None  # a cached block to copy into its first own block, before its prefill
         self.seq = Sequence(handle.prompt, tokenizer, handle.params)
         self.rng = np.random.default_rng(handle.params.seed)
         self.unsent: list = []  # token logprobs not yet in an event
+        self.texts_sent = False
 
     @property
     def position(self) -> int:
@@ -322,18 +325,20 @@ class Engine:
         return admitted
 
     def _take_blocks(self, request: _Running) -> None:
-        """The blocks of ``request``'s prompt: the cached ones of its longest cached prefix of
-        whole blocks (at least one prompt token is left to prefill, for the logits), then its
-        own. Its whole prompt blocks are offered to later requests at once: one admitted in this
-        step with the same prompt (the n choices of one request) prefills after it."""
+        """The blocks of ``request``'s prompt: the cached whole blocks of the longest run of its
+        prompt's whole blocks, then its own, the first of them to be a copy of the cached block
+        that agrees with the prompt's next tokens, if one does (at least one prompt token is
+        left to prefill, for the logits). Its prompt blocks are offered to later requests at
+        once: one admitted in this step with the same prompt (the n choices of one request)
+        prefills after it."""
         pool, prompt = self.blocks, request.handle.prompt
-        shared = []
+        match = Match([])
         if self.config.prefix_cache and request.handle.params.prompt_logprobs is None:
-            shared = pool.match(prompt)
-            if len(shared) * pool.size >= len(prompt):
-                pool.release([shared.pop()])
-        request.start = len(shared) * pool.size
-        request.table = shared + [pool.allocate() for _ in range(pool.blocks_for(len(prompt)) - len(shared))]
+            match = pool.match(prompt)
+        request.start = len(match.shared) * pool.size + match.copied
+        request.copy = match if match.source is not None else None
+        own = [pool.allocate() for _ in range(pool.blocks_for(len(prompt)) - len(match.shared))]
+        request.table = match.shared + own
         self.cache.set_table(request.row, request.table)
         if self.config.prefix_cache:
             pool.register(prompt, request.table)
@@ -370,6 +375,10 @@ class Engine:
         start = time.perf_counter()
         wanted = group[0].handle.params.prompt_logprobs  # such a request is prefilled alone
         cached = group[0].start  # likewise a request resuming after cached blocks
+        if group[0].copy is not None:  # ... and the part of one that it copies
+            match, group[0].copy = group[0].copy, None
+            self.model.copy_block(self.cache, match.source, group[0].table[len(match.shared)])
+            self.blocks.copied(match)
         if cached:
             rest = np.asarray(group[0].handle.prompt[cached:], dtype=np.int64)[None]
             logits = self.model(self._tensor(rest), self._tensor(np.arange(cached, cached + rest.shape[1])[None]),
@@ -439,8 +448,10 @@ class Engine:
             seq.out.logprobs.append(entry)
             request.unsent.append(entry)
         if (piece := seq.new_text()) and not handle.cancelled:
-            handle.on_event(Event("text", text=piece, logprobs=request.unsent))
-            request.unsent = []
+            first = not request.texts_sent
+            handle.on_event(Event("text", text=piece, logprobs=request.unsent,
+                                  prompt_logprobs=seq.out.prompt_logprobs if first else None))
+            request.unsent, request.texts_sent = [], True
         if seq.done:
             self._finish(request)
 
@@ -453,6 +464,8 @@ class Engine:
             self._running.remove(request)
             self._free_rows.append(request.row)
             if self.blocks is not None:  # a failed request's blocks may hold a partial prefill
+                if request.copy is not None:
+                    self.blocks.copied(request.copy)
                 self.blocks.release(request.table, keep=not error)
                 self.cache.set_table(request.row, [])
         handle = request.handle

@@ -19,7 +19,7 @@ from anychip.paddle_frontend import import_paddle
 
 paddle = import_paddle()
 
-STOP, PREFILL, DECODE = 0, 1, 2
+STOP, PREFILL, DECODE, COPY = 0, 1, 2, 3
 HEADER = 9  # kind, batch, width, has last_index, cache rows, fused, start, pool blocks, table width
 
 
@@ -51,6 +51,10 @@ class LeaderModel:
                   [ids, pos, rows, _tables(cache, rows)])
         return self.model.decode(tokens, positions, cache, fused=fused, cache_rows=cache_rows)
 
+    def copy_block(self, cache, src: int, dst: int) -> None:
+        _announce(self.tp, self.model.device, [COPY, src, dst, 0, 0, 0, 0] + _pool(cache), [])
+        self.model.copy_block(cache, src, dst)
+
     def stop(self) -> None:
         """Ends the followers' loops."""
         _announce(self.tp, self.model.device, [STOP] + [0] * (HEADER - 1), [])
@@ -77,6 +81,10 @@ def follow(model, cache) -> None:
             kind, b, t, has_last, n_rows, fused, start, blocks, width = header
             if kind == STOP:
                 return
+            if kind == COPY:  # (the header's batch and width fields hold src and dst)
+                cache.reserve(blocks)
+                model.copy_block(cache, b, t)
+                continue
             inputs = b * t * 2 + (b if has_last else 0) if kind == PREFILL else 2 * b
             payload = _receive(model.tp, model.device, inputs + n_rows + n_rows * width)
             rows = [int(r) for r in payload[inputs:inputs + n_rows]]

@@ -178,8 +178,6 @@ def parse(body, kind: str, tokenizer, max_len: int) -> ParsedRequest:
         raise APIError(400, f"the prompt ({len(prompt)} tokens) plus {name} ({max_tokens}) exceeds the "
                             f"{max_len} tokens this server holds per request", name, "context_length_exceeded")
     stream = _flag(body, "stream")
-    if stream and echo is not None and logprobs is not None:
-        raise APIError(400, "echo with logprobs is not streamed; pass stream: false", "stream")
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise APIError(400, "stream_options must be an object", "stream_options")

@@ -198,10 +198,9 @@ class _Reply:
         for handle in self.handles:
             handle.cancel()
 
-    def echoed(self, completion) -> dict:
+    def echoed(self, prompt_logprobs: list) -> dict:
         """The echoed prompt's logprobs fields (completions with echo), for a choice's first piece."""
-        prompt = self.parsed.prompt
-        return dict(prompt=completion.prompt_logprobs, first_prompt_token=prompt[0])
+        return dict(prompt=prompt_logprobs, first_prompt_token=self.parsed.prompt[0])
 
     def full(self) -> dict:
         shaper, echo = self.shaper, self.parsed.echo
@@ -210,7 +209,7 @@ class _Reply:
             text = "".join(self.parts[index])
             logprobs = None
             if self.wants_logprobs:
-                extra = self.echoed(c) if echo is not None else {}
+                extra = self.echoed(c.prompt_logprobs) if echo is not None else {}
                 logprobs = shaper.logprobs(c.logprobs, **extra)
             choices.append(shaper.choice(index, (echo or "") + text, c.finish_reason, logprobs))
             completion_tokens += len(c.tokens)
@@ -252,15 +251,25 @@ async def _stream(reply: _Reply, events: asyncio.Queue):
     shaper, parsed = reply.shaper, reply.parsed
     finished = False
     offsets = [len(parsed.echo or "")] * len(reply.handles)  # text_offset of each choice's next token
+    # echo with logprobs: a choice's first chunk waits for its prompt's log-probabilities (its prefill)
+    echo_logprobs = parsed.echo is not None and reply.wants_logprobs
+    started = [not echo_logprobs] * len(reply.handles)
     try:
         for index in range(len(reply.handles)):
-            yield _sse(shaper.chunk(text="" if shaper.kind == "chat" else parsed.echo, first=True, index=index))
+            if started[index]:
+                yield _sse(shaper.chunk(text="" if shaper.kind == "chat" else parsed.echo, first=True, index=index))
         while True:
             index, event = await events.get()
             if event.kind == "error":
                 finished = True
                 yield _sse(APIError(500, event.error, code="generation_failed", kind="server_error").body())
                 break
+            if not started[index]:
+                started[index] = True
+                prompt = event.prompt_logprobs if event.kind == "text" else event.completion.prompt_logprobs
+                echoed = shaper.logprobs([], **reply.echoed(prompt))
+                offsets[index] = sum(len(t) for t in echoed["tokens"])
+                yield _sse(shaper.chunk(text=parsed.echo, first=True, index=index, logprobs=echoed))
             logprobs = None
             if reply.wants_logprobs and (event.logprobs or event.kind == "done"):
                 logprobs = shaper.logprobs(event.logprobs, offset=offsets[index])
