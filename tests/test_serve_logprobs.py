@@ -1,7 +1,8 @@
 """OpenAI API completeness of `anychip serve`: ``logprobs``/``top_logprobs`` on chat and completions
 (streamed too), ``echo`` with the prompt's log-probabilities, and ``n`` > 1, parsed by the official
 client; every log-probability equals log-softmax of the model's own logits for the same tokens
-(one full forward over prompt and completion), so evaluation harnesses can score with it."""
+(one full forward over prompt and completion), and lm-evaluation-harness scores a task through
+the server (its vLLM-style tokenizer endpoints) as `anychip eval mc` does."""
 
 from __future__ import annotations
 
@@ -170,36 +171,60 @@ def test_bad_logprob_requests_are_refused_naming_the_field(server, path, body, p
     assert reply.json()["error"]["param"] == param
 
 
-def test_scoring_through_the_server_as_lm_eval_does_gives_anychip_evals_accuracy(server, client, base, model_dir):
-    """lm-evaluation-harness's local-completions model scores a choice by sending the token ids of
-    context + continuation with echo, logprobs and max_tokens 1, and summing token_logprobs over
-    the continuation (the last, generated token dropped). Done so here over the shipped items, the
-    log-likelihoods and the accuracy equal `anychip eval mc`'s."""
+def test_lm_eval_scores_the_shipped_task_through_the_server_as_anychip_eval_does(model_dir, tmp_path):
+    """lm-evaluation-harness itself (``lm_eval --model local-completions``, tokenizing through the
+    server's vLLM-style /tokenize, behind --api-key) scores tests/data/lm_eval/anychip_mc.yaml
+    against `anychip serve`: every choice's log-likelihood and the accuracy equal `anychip eval
+    mc`'s on the same items."""
     import json
+    import os
     import subprocess
     import sys
     from pathlib import Path
 
-    data = Path(__file__).with_name("data") / "mc_items.jsonl"
+    root = Path(__file__).resolve().parents[1]
+    data = root / "tests" / "data" / "mc_items.jsonl"
     items = [json.loads(line) for line in data.read_text().splitlines() if line.strip()]
-    tok = base.tokenizer
-    served = []
-    for item in items:
-        context_ids = tok.encode(item["context"], add_bos=tok.add_bos)
-        scores = []
-        for choice in item["choices"]:
-            whole = tok.encode(item["context"] + " " + choice, add_bos=tok.add_bos)
-            reply = client.completions.create(model="model", prompt=whole, max_tokens=1, temperature=0, logprobs=0,
-                                              echo=True)
-            scores.append(sum(reply.choices[0].logprobs.token_logprobs[len(context_ids):-1]))
-        served.append(scores)
-    run = subprocess.run([sys.executable, "-m", "anychip.cli.main", "eval", "mc", "--model", str(model_dir), "--data",
+    with Server(model_dir, "cpu", "--api-key", "sesame") as s:
+        args = (f"model=model,base_url={s.url}/v1/completions,tokenizer_backend=remote,auth_token=sesame,"
+                "num_concurrent=1,max_retries=1")
+        env = {**os.environ, "OPENAI_API_KEY": "sesame", "HF_DATASETS_CACHE": str(tmp_path / "hf"),
+               "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+        run = subprocess.run([sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args", args,
+                              "--include_path", "tests/data/lm_eval", "--tasks", "anychip_mc", "--output_path",
+                              str(tmp_path / "out"), "--log_samples"], cwd=root, env=env, capture_output=True,
+                             text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    results = json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())
+    samples = [json.loads(line) for line in next((tmp_path / "out").rglob("samples_*.jsonl")).read_text().splitlines()]
+    served = {sample["doc_id"]: [float(r[0]) for r in sample["filtered_resps"]] for sample in samples}
+    own = subprocess.run([sys.executable, "-m", "anychip.cli.main", "eval", "mc", "--model", str(model_dir), "--data",
                           str(data), "--json"], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr
-    own = json.loads(run.stdout)
-    np.testing.assert_allclose(np.concatenate(served), np.concatenate(own["logliks"]), atol=1e-3)
-    accuracy = np.mean([int(np.argmax(s)) == item["answer"] for s, item in zip(served, items)])
-    assert accuracy == own["accuracy"] and own["items"] == len(items)
+    assert own.returncode == 0, own.stderr
+    mine = json.loads(own.stdout)
+    assert sorted(served) == list(range(len(items))) == list(range(mine["items"]))
+    np.testing.assert_allclose(np.concatenate([served[i] for i in range(len(items))]),
+                               np.concatenate(mine["logliks"]), atol=1e-3)
+    assert results["results"]["anychip_mc"]["acc,none"] == mine["accuracy"]
+
+
+def test_the_tokenizer_endpoints_answer_as_vllms(server, base):
+    import httpx
+
+    text = "The capital of France is"
+    got = httpx.post(server.url + "/tokenize", json={"prompt": text, "add_special_tokens": False}, timeout=30).json()
+    assert got["tokens"] == base.tokenizer.encode(text) and got["count"] == len(got["tokens"])
+    back = httpx.post(server.url + "/detokenize", json={"tokens": got["tokens"]}, timeout=30).json()
+    assert back["prompt"] == text
+    info = httpx.get(server.url + "/tokenizer_info", timeout=30).json()
+    assert info["eos_token"] == base.tokenizer.eos_token and info["model_max_length"] > 0
+    chat = httpx.post(server.url + "/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}, timeout=30)
+    assert chat.status_code in (200, 400)  # 400 only for a model without a chat template, naming messages
+    for body, param in (({"prompt": 5}, "prompt"), ({"tokens": [-1]}, "tokens"), ({"prompt": "a", "add_special_tokens": 2},
+                                                                                   "add_special_tokens")):
+        path = "/detokenize" if "tokens" in body else "/tokenize"
+        reply = httpx.post(server.url + path, json=body, timeout=30)
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == param
 
 
 def test_eval_mc_refuses_bad_items_naming_the_line(tmp_path, model_dir):

@@ -19,6 +19,9 @@ from .openai_api import APIError
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 
 
+# Paths outside /v1 that the API key guards too: vLLM's tokenizer endpoints
+KEYED_PATHS = ("/tokenize", "/detokenize", "/tokenizer_info")
+
 def _is_loopback(host: str) -> bool:
     if host in LOOPBACK_NAMES:
         return True
@@ -87,7 +90,7 @@ class ServerConfig:
         if origin is not None and not self._origin_allowed(origin, host):
             return APIError(403, f"requests from the origin {origin[:100]!r} are not allowed; start the server with "
                                  "--allowed-origins to allow it", code="forbidden_origin")
-        if self.api_key and path.startswith("/v1/"):
+        if self.api_key and (path.startswith("/v1/") or path in KEYED_PATHS):
             given = headers.get("authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
                 return APIError(401, "this server needs an API key: send the header 'Authorization: Bearer KEY' "

@@ -1,6 +1,7 @@
 """The HTTP side of ``anychip serve``: a Starlette app exposing the engine through OpenAI's API
-(``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``), ``/health``, Prometheus
-``/metrics`` and the chat page at ``/``.
+(``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``), vLLM's tokenizer endpoints
+(``/tokenize``, ``/detokenize``, ``/tokenizer_info``: what lm-evaluation-harness's ``remote``
+tokenizer reads), ``/health``, Prometheus ``/metrics`` and the chat page at ``/``.
 
 Handlers run on the event loop and never touch the model: they parse and check a request, hand
 it to the :class:`~.engine.Engine`, and relay its events (delivered from the engine's thread
@@ -131,6 +132,66 @@ def create_app(engine: Engine, served: ServedModel, config: ServerConfig | None 
     async def text_completions(request: Request):
         return await completions(request, "completion")
 
+    async def json_body(request: Request) -> dict:
+        raw = await _body(request, config.max_body_bytes)
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError) as e:
+            raise APIError(400, f"the request body is not valid JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+        return body
+
+    async def tokenize(request: Request):
+        """vLLM's /tokenize: {"prompt": text, "add_special_tokens": true} (or "messages", through
+        the chat template) -> {"count", "max_model_len", "tokens"}."""
+        try:
+            body = await json_body(request)
+            tok = engine.tokenizer
+            if "messages" in body:
+                if not tok.has_chat_template:
+                    raise APIError(400, "this model has no chat template; send a prompt", "messages")
+                messages = body["messages"]
+                if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+                    raise APIError(400, "messages must be a list of {role, content} objects", "messages")
+                try:
+                    text = tok.apply_chat_template(messages, add_generation_prompt=bool(
+                        body.get("add_generation_prompt", True)))
+                except Exception as e:
+                    raise APIError(400, f"the chat template refused the messages: {e}", "messages") from None
+                special = False  # the template writes its own bos
+            else:
+                text = body.get("prompt")
+                if not isinstance(text, str):
+                    raise APIError(400, f"prompt must be a string, got {type(text).__name__}", "prompt")
+                special = body.get("add_special_tokens", True)
+                if not isinstance(special, bool):
+                    raise APIError(400, "add_special_tokens must be true or false", "add_special_tokens")
+            tokens = await asyncio.to_thread(tok.encode, text, special and tok.add_bos)
+        except APIError as e:
+            return refuse(e)
+        return JSONResponse({"count": len(tokens), "max_model_len": engine.config.max_len, "tokens": tokens})
+
+    async def detokenize(request: Request):
+        """vLLM's /detokenize: {"tokens": [ids]} -> {"prompt": text}."""
+        try:
+            body = await json_body(request)
+            tokens, vocab = body.get("tokens"), engine.tokenizer.vocab_size
+            if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) and
+                                                       0 <= t < vocab for t in tokens):
+                raise APIError(400, f"tokens must be a list of token ids in [0, {vocab})", "tokens")
+            text = await asyncio.to_thread(engine.tokenizer.decode, tokens, False)
+        except APIError as e:
+            return refuse(e)
+        return JSONResponse({"prompt": text})
+
+    async def tokenizer_info(_request: Request):
+        tok = engine.tokenizer
+        return JSONResponse({"tokenizer_class": "anychip", "bos_token": tok.bos_token or None,
+                             "eos_token": tok.eos_token or None, "pad_token": None,
+                             "add_bos_token": tok.add_bos, "chat_template": tok.chat_template,
+                             "model_max_length": engine.config.max_len, "vocab_size": tok.vocab_size})
+
     async def models(_request: Request):
         return JSONResponse({"object": "list", "data": [
             {"id": served.id, "object": "model", "created": 0, "owned_by": "anychip",
@@ -169,6 +230,9 @@ def create_app(engine: Engine, served: ServedModel, config: ServerConfig | None 
         Route("/health", health),
         Route("/metrics", metrics),
         Route("/v1/models", models),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
+        Route("/tokenizer_info", tokenizer_info),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", text_completions, methods=["POST"]),
     ], exception_handlers={404: not_found, 405: not_allowed, Exception: failed}), config, refuse)
