@@ -120,7 +120,7 @@ setup(
               "anychip_plugins", "anychip_plugins.host", "anychip_plugins.cpu", "anychip_plugins.gpu", "anychip_plugins.xpu",
               "anychip_plugins.npu", "anychip_plugins.gcu", "anychip_plugins.dcu", "anychip_models", "anychip_models.cli",
               "anychip_models.training", "anychip_models.quantization", "anychip_models.serving"],
-    package_data={"anychip": ["include/anychip/*.h", "src/paddle_kernels/*.h", "templates/plugin/*", "templates/plugin/*/*"],
+    package_data={"anychip": ["include/anychip/*.h", "include/anychip/*.c", "src/paddle_kernels/*.h", "templates/plugin/*", "templates/plugin/*/*"],
                   "anychip_models": ["training/sample_data/*.jsonl", "training/sample_data/*.json", "training/sample_text/*.jsonl",
                                      "training/sample_preferences/*.jsonl",
                                      "training/configs/*.json", "eval_data/*.txt",

@@ -17,6 +17,9 @@ conformance kit passes. It holds:
 
   anychip_NAME/runtime.c   the whole device runtime contract (anychip/device.h) over host
                            memory; the device is listed as simulated until you port it
+  anychip_NAME/runtime_book.c
+                           compiles in anychip's runtime book (anychip/runtime_book.h): the
+                           contract's bookkeeping, which runtime.c calls around each SDK call
   anychip_NAME/kernels.c   one hand-written kernel, swiglu for float32 (anychip/kernel.h)
   anychip_NAME/codegen_target.py
                            the CodeGen target NAME-c: how anychip_codegen renders, compiles

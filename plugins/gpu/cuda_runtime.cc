@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "anychip/device.h"
+#include "anychip/runtime_book.h"
 
 namespace {
 
@@ -95,10 +96,6 @@ struct HandleRegistry {
   std::unordered_map<void*, int> owner;
 };
 
-// The message of this thread's last failure. It is per thread, not per runtime instance, so it
-// also serves `last_error` before an instance exists.
-thread_local std::string t_last_error;
-
 }  // namespace
 
 struct AnychipRuntime_st {
@@ -117,8 +114,9 @@ struct AnychipRuntime_st {
 namespace {
 
 AnychipStatus fail(AnychipStatus status, std::string message) {
-  t_last_error = std::move(message);
-  return status;
+  // The message lives in the runtime book (anychip/runtime_book.h): per thread, not per runtime
+  // instance, so it also serves `last_error` before an instance exists.
+  return anychip_book_fail(status, "%s", message.c_str());
 }
 
 // Names the device in messages; -1 stands for calls not tied to one device.
@@ -217,11 +215,7 @@ void load(void* lib, const char* name, Fn* fn, std::string* missing) {
 
 // ---- lifecycle ---------------------------------------------------------------------------------
 
-AnychipStatus last_error(AnychipRuntime, char* buf, size_t len) {
-  if (!buf || len == 0) return ANYCHIP_ERROR_INVALID_ARGUMENT;
-  std::snprintf(buf, len, "%s", t_last_error.c_str());
-  return ANYCHIP_OK;
-}
+AnychipStatus last_error(AnychipRuntime, char* buf, size_t len) { return anychip_book_last_error(buf, len); }
 
 AnychipStatus initialize(AnychipRuntime rt) {
   if (!rt) return fail(ANYCHIP_ERROR_INVALID_ARGUMENT, "gpu initialize: runtime is NULL");

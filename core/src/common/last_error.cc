@@ -1,26 +1,18 @@
 #include "common/last_error.h"
 
-#include <cstdio>
-#include <cstring>
+#include "anychip/runtime_book.h"
 
 namespace anychip {
 
-namespace {
-thread_local char g_message[512] = "";
-}
-
+// The message lives in the runtime book (anychip/runtime_book.h), which every runtime shares.
 AnychipStatus fail(AnychipStatus status, const char* fmt, ...) {
   va_list args;
   va_start(args, fmt);
-  std::vsnprintf(g_message, sizeof(g_message), fmt, args);
+  anychip_book_vfail(status, fmt, args);
   va_end(args);
   return status;
 }
 
-AnychipStatus copy_last_error(char* buf, size_t len) {
-  if (buf == nullptr || len == 0) return ANYCHIP_ERROR_INVALID_ARGUMENT;
-  std::snprintf(buf, len, "%s", g_message);
-  return ANYCHIP_OK;
-}
+AnychipStatus copy_last_error(char* buf, size_t len) { return anychip_book_last_error(buf, len); }
 
 }  // namespace anychip

@@ -1,5 +1,6 @@
 """Builds the two shared libraries anychip loads from anychip_{{name}}/: lib{{name}}_runtime.so
-(the device runtime, from runtime.c) and lib{{name}}_kernels.so (the kernels, from kernels.c).
+(the device runtime, from runtime.c and anychip's runtime book) and lib{{name}}_kernels.so (the
+kernels, from kernels.c).
 
 They are plain shared libraries, not Python extensions. The build needs anychip's headers, so
 install with the installed anychip visible: ``pip install --no-build-isolation .``
@@ -30,10 +31,10 @@ class BuildLibraries(build_ext):
         return os.path.join(*ext_name.split(".")) + ".so"
 
 
-def library(name, source, **kwargs):
+def library(name, sources, **kwargs):
     return Extension(
         f"anychip_{{name}}.{name}",
-        sources=[f"anychip_{{name}}/{source}"],
+        sources=sources,
         include_dirs=[anychip.native.include_dir()],
         # hidden: each library exports only what anychip looks up (marked in the source)
         extra_compile_args=["-std=c99", "-O2", "-fvisibility=hidden", "-pthread"],
@@ -43,7 +44,8 @@ def library(name, source, **kwargs):
 
 
 setup(
-    ext_modules=[library("lib{{name}}_runtime", "runtime.c"),
-                 library("lib{{name}}_kernels", "kernels.c", libraries=["m"])],
+    # runtime_book.c compiles in anychip's runtime book (anychip/runtime_book.h): the contract's bookkeeping
+    ext_modules=[library("lib{{name}}_runtime", ["anychip_{{name}}/runtime.c", "anychip_{{name}}/runtime_book.c"]),
+                 library("lib{{name}}_kernels", ["anychip_{{name}}/kernels.c"], libraries=["m"])],
     cmdclass={"build_ext": BuildLibraries},
 )
