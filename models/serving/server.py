@@ -68,6 +68,17 @@ async def _body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+async def _json(request: Request, limit: int):
+    """The request body (at most ``limit`` bytes) parsed as JSON, or a 400 saying why not."""
+    raw = await _body(request, limit)
+    try:
+        return json.loads(raw)
+    except ValueError as e:  # bad JSON, bad UTF-8, or an integer of more digits than Python reads
+        raise APIError(400, f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise APIError(400, "the request body is nested too deeply to be a request") from None
+
+
 def create_app(engine: Engine, served: ServedModel, config: ServerConfig | None = None):
     """The server's ASGI app: the routes behind ``config``'s checks (default: loopback only,
     no API key)."""
@@ -81,13 +92,7 @@ def create_app(engine: Engine, served: ServedModel, config: ServerConfig | None 
 
     async def completions(request: Request, kind: str):
         try:
-            raw = await _body(request, config.max_body_bytes)
-            try:
-                body = json.loads(raw)
-            except ValueError as e:  # bad JSON, bad UTF-8, or an integer of more digits than Python reads
-                raise APIError(400, f"the request body is not valid JSON: {e}") from None
-            except RecursionError:
-                raise APIError(400, "the request body is nested too deeply to be a request") from None
+            body = await _json(request, config.max_body_bytes)
             if isinstance(body, dict):
                 check_model(body, served.id, names)
             parsed = parse(body, kind, engine.tokenizer, engine.config.max_len)
@@ -133,11 +138,7 @@ def create_app(engine: Engine, served: ServedModel, config: ServerConfig | None 
         return await completions(request, "completion")
 
     async def json_body(request: Request) -> dict:
-        raw = await _body(request, config.max_body_bytes)
-        try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError) as e:
-            raise APIError(400, f"the request body is not valid JSON: {e}") from None
+        body = await _json(request, config.max_body_bytes)
         if not isinstance(body, dict):
             raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
         return body
