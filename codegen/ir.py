@@ -43,7 +43,7 @@ FLOATS = ("float32", "bfloat16", "float16")
 INTS = ("int32", "int64")
 ALL = FLOATS + INTS + ("bool",)
 
-UNARY = ("exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "silu", "abs", "neg")
+UNARY = ("exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "silu", "abs", "neg", "sin", "cos")
 BINARY = ("add", "sub", "mul", "div", "max", "min", "pow")
 COMPARE = ("eq", "ne", "lt", "le", "gt", "ge")
 REDUCTIONS = ("sum", "max")
@@ -192,7 +192,7 @@ def unary(op):
     return lambda x: Unary(op, x)
 
 
-exp, log, sqrt, rsqrt, sigmoid, tanh, silu, absolute, negative = (unary(op) for op in UNARY)
+exp, log, sqrt, rsqrt, sigmoid, tanh, silu, absolute, negative, sin, cos = (unary(op) for op in UNARY)
 
 
 def maximum(a, b): return Binary("max", a, b)

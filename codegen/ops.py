@@ -15,7 +15,8 @@ from .ir import (ALL, CASTABLE, FLOATS, INTS, Arg, Attr, Cast, Const, Contractio
 X, Y, Z = Input(0), Input(1), Input(2)
 T = Arg("T")
 
-UNARY_OPS = {name: Unary(name, X) for name in ("exp", "log", "sqrt", "rsqrt", "silu", "sigmoid", "tanh", "abs")}
+UNARY_OPS = {name: Unary(name, X) for name in ("exp", "log", "sqrt", "rsqrt", "silu", "sigmoid", "tanh", "abs",
+                                                          "sin", "cos")}
 UNARY_OPS["neg"] = -X
 # scale: attrs [scale, bias, bias_after_scale]
 UNARY_OPS["scale"] = where(Attr(2, 1.0).ne(0.0), Attr(0, 1.0) * X + Attr(1), Attr(0, 1.0) * (X + Attr(1)))

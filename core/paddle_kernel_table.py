@@ -40,7 +40,7 @@ def _kernels() -> tuple[PaddleKernel, ...]:
     compare = [("equal", "Equal"), ("not_equal", "NotEqual"), ("less_than", "LessThan"),
                ("less_equal", "LessEqual"), ("greater_than", "GreaterThan"), ("greater_equal", "GreaterEqual")]
     unary = [("exp", "Exp"), ("log", "Log"), ("sqrt", "Sqrt"), ("rsqrt", "Rsqrt"), ("silu", "Silu"),
-             ("sigmoid", "Sigmoid"), ("tanh", "Tanh"), ("abs", "Abs")]
+             ("sigmoid", "Sigmoid"), ("tanh", "Tanh"), ("abs", "Abs"), ("sin", "Sin"), ("cos", "Cos")]
     table = [PaddleKernel(op, f"{cls}Kernel", (op,)) for op, cls in binary + unary]
     table += [PaddleKernel(op, f"{cls}Kernel", (op,), _BOOL_OUTPUT) for op, cls in compare]
     table += [

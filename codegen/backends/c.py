@@ -165,7 +165,7 @@ def _prologue(kernel, fn: str) -> list[str]:
 # Elementwise kernels with one of these ops write even large outputs with ordinary stores:
 # measured on 64 MB, non-temporal stores made add 30% faster (its output lines are no longer
 # read first) but e^x 15% slower.
-_COSTLY = {"exp", "log", "sigmoid", "tanh", "silu", "pow"}
+_COSTLY = {"exp", "log", "sigmoid", "tanh", "silu", "pow", "sin", "cos"}
 
 
 def _streams_output(kernel: ir.Elementwise) -> bool:
@@ -837,12 +837,15 @@ def render_contraction(kernel: ir.Contraction, fn: str) -> str:
     cols = kernel.knob("cols", CONTRACTION_SCHEDULES[0]["cols"])
     name = kernel.name
     # One product: C[group] = sum over its batches of A[b] B[b]. Work items are (group, block of
-    # rows, block of cols); a C element is summed over the contraction in order by one thread.
+    # rows, block of cols); a C element is summed over the contraction in order by one thread, in
+    # runs of kRun terms added to it one run at a time: with one running float32 sum, a long
+    # contraction whose terms cancel (an LM head's gradient, K = vocabulary: softmax - onehot)
+    # lost ~10x more than PyTorch's CPU matmul; runs cost one add per element per kRun terms.
     product = [
         "template <class T>",
         f"void {fn}_product(int nt, const acg::Batch& B, const AnychipTensor& ta, acg::Mat a, const AnychipTensor& tb,",
         "                  acg::Mat b, const AnychipTensor& tc, acg::Mat c) {",
-        f"  constexpr int64_t kRows = {rows}, kCols = {cols};",
+        f"  constexpr int64_t kRows = {rows}, kCols = {cols}, kRun = 128;",
         "  const int64_t m = c.rows, n = c.cols, len = a.cols;",
         "  if (m == 0 || n == 0) return;",
         "  std::vector<int64_t> keys;",
@@ -869,7 +872,7 @@ def render_contraction(kernel: ir.Contraction, fn: str) -> str:
         "#pragma omp parallel num_threads(nt) if (B.count * m * n * (len > 0 ? len : 1) >= (1 << 15))",
         "  {",
         "    std::vector<float> ap(static_cast<size_t>(kRows * (len > 0 ? len : 1)));",
-        "    std::vector<float> acc(static_cast<size_t>(kRows * kCols));",
+        "    std::vector<float> acc(static_cast<size_t>(kRows * kCols)), run(static_cast<size_t>(kRows * kCols));",
         "#pragma omp for schedule(static)",
         "    for (int64_t item = 0; item < items; ++item) {",
         "      const int64_t g = item / (row_blocks * col_blocks), rest = item % (row_blocks * col_blocks);",
@@ -890,13 +893,21 @@ def render_contraction(kernel: ir.Contraction, fn: str) -> str:
         "        const float* bs = direct ? reinterpret_cast<const float*>(pb) + B.offset(tb, bt) + n0",
         "                                 : packed.data() + bt * len * n + n0;",
         "        const int64_t ldb = direct ? b.rs : n;",
-        "        for (int64_t l = 0; l < len; ++l) {",
-        "          const float* brow = bs + l * ldb;",
-        "          for (int64_t i = 0; i < mb; ++i) {",
-        "            const float ai = ap[i * len + l];",
-        "            float* ci = acc.data() + i * kCols;",
+        "        for (int64_t l0 = 0; l0 < len; l0 += kRun) {",
+        "          const int64_t l1 = len - l0 < kRun ? len : l0 + kRun;",
+        "          std::fill(run.begin(), run.end(), 0.0f);",
+        "          for (int64_t l = l0; l < l1; ++l) {",
+        "            const float* brow = bs + l * ldb;",
+        "            for (int64_t i = 0; i < mb; ++i) {",
+        "              const float ai = ap[i * len + l];",
+        "              float* ri = run.data() + i * kCols;",
         "#pragma omp simd",
-        "            for (int64_t j = 0; j < nc; ++j) ci[j] += ai * brow[j];",
+        "              for (int64_t j = 0; j < nc; ++j) ri[j] += ai * brow[j];",
+        "            }",
+        "          }",
+        "          for (int64_t i = 0; i < mb; ++i) {",
+        "#pragma omp simd",
+        "            for (int64_t j = 0; j < nc; ++j) acc[i * kCols + j] += run[i * kCols + j];",
         "          }",
         "        }",
         "      }",

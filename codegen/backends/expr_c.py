@@ -17,7 +17,7 @@ _STORAGE = {"float32": "float", "float64": "double", "bfloat16": "acg::bf16", "f
 # vectorises on the host (the prelude says how) and is expf on CUDA.
 _UNARY = {"exp": "ACG_EXP({})", "log": "logf({})", "sqrt": "sqrtf({})", "rsqrt": "acg::rsqrt({})",
           "sigmoid": "acg::sigmoid({})", "tanh": "tanhf({})", "silu": "acg::silu({})",
-          "abs": "fabsf({})", "neg": "(-{})"}
+          "abs": "fabsf({})", "neg": "(-{})", "sin": "sinf({})", "cos": "cosf({})"}
 _BINARY = {"add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "div": "({} / {})",
            "max": "acg::vmax({}, {})", "min": "acg::vmin({}, {})", "pow": "powf({}, {})",
            "eq": "({} == {})", "ne": "({} != {})", "lt": "({} < {})", "le": "({} <= {})",

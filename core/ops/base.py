@@ -459,6 +459,8 @@ _UNARY = {
     "tanh": ("hyperbolic tangent", lambda v, a: np.tanh(v)),
     "abs": ("|x|", lambda v, a: np.abs(v)),
     "neg": ("-x", lambda v, a: -v),
+    "sin": ("sine (radians)", lambda v, a: np.sin(v)),
+    "cos": ("cosine (radians)", lambda v, a: np.cos(v)),
     "scale": ("scale*x + bias (bias_after_scale) or scale*(x + bias)", _scale),
     "pow": ("x^factor", lambda v, a: np.power(v, a[0])),
 }

@@ -173,7 +173,7 @@
  *   - Results must not depend on the number of threads.
  *
  *   unary:           x -> out (same dtype, float): exp, log, sqrt, rsqrt, silu, sigmoid, tanh, abs,
- *                    neg; scale (attrs: scale, bias, bias_after_scale: out = scale*x + bias, or
+ *                    neg, sin, cos (radians); scale (attrs: scale, bias, bias_after_scale: out = scale*x + bias, or
  *                    scale*(x + bias) when bias_after_scale is 0); pow (attrs: factor: out = x^factor)
  *   binary:          x, y -> out (same dtype, float): add, subtract, multiply, divide, maximum,
  *                    minimum (NaN propagates), elementwise_pow; add, subtract, multiply, maximum and

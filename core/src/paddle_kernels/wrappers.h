@@ -180,6 +180,8 @@ ANYCHIP_PK_UNARY(SiluKernel, "silu")
 ANYCHIP_PK_UNARY(SigmoidKernel, "sigmoid")
 ANYCHIP_PK_UNARY(TanhKernel, "tanh")
 ANYCHIP_PK_UNARY(AbsKernel, "abs")
+ANYCHIP_PK_UNARY(SinKernel, "sin")
+ANYCHIP_PK_UNARY(CosKernel, "cos")
 #undef ANYCHIP_PK_UNARY
 
 template <typename T, typename Context>

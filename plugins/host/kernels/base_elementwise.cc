@@ -121,7 +121,7 @@ AnychipStatus map2(const AnychipKernelCall* call, F f) {
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 inline bool is_nan(float x) { return x != x; }
 
-enum class Unary { kExp, kLog, kSqrt, kRsqrt, kSilu, kSigmoid, kTanh, kAbs, kNeg, kScale, kPow };
+enum class Unary { kExp, kLog, kSqrt, kRsqrt, kSilu, kSigmoid, kTanh, kAbs, kNeg, kSin, kCos, kScale, kPow };
 
 template <Unary kOp>
 AnychipStatus unary(const AnychipKernelCall* call, const char* name) {
@@ -141,6 +141,8 @@ AnychipStatus unary(const AnychipKernelCall* call, const char* name) {
       if constexpr (kOp == Unary::kTanh) y = std::tanh(x);
       if constexpr (kOp == Unary::kAbs) y = std::fabs(x);
       if constexpr (kOp == Unary::kNeg) y = -x;
+      if constexpr (kOp == Unary::kSin) y = std::sin(x);
+      if constexpr (kOp == Unary::kCos) y = std::cos(x);
       if constexpr (kOp == Unary::kScale) y = after ? a0 * x + a1 : a0 * (x + a1);
       if constexpr (kOp == Unary::kPow) y = std::pow(x, a0);
       return from_float<T>(y);
@@ -253,6 +255,8 @@ BASE_UNARY(sigmoid, kSigmoid)
 BASE_UNARY(tanh, kTanh)
 BASE_UNARY(abs, kAbs)
 BASE_UNARY(neg, kNeg)
+BASE_UNARY(sin, kSin)
+BASE_UNARY(cos, kCos)
 BASE_UNARY(scale, kScale)
 BASE_UNARY(pow, kPow)
 
