@@ -21,10 +21,25 @@ LIBRARIES = [
     ("anychip._lib.libanychip_sim", "ANYCHIP_CORE_LIB_DIR"),
     ("anychip._lib.libanychip_paddle_bridge", "ANYCHIP_CORE_LIB_DIR"),
     ("anychip._lib.libanychip_paddle_kernels", "ANYCHIP_CORE_LIB_DIR"),
+    ("anychip._lib.libanychip_torch_bridge", "ANYCHIP_CORE_LIB_DIR"),
     ("anychip._launcher", "ANYCHIP_LAUNCHER_DIR"),
     ("anychip_plugins.host.libanychip_host_kernels", "ANYCHIP_HOST_KERNELS_DIR"),
     ("anychip_plugins.gpu.libanychip_cuda", "ANYCHIP_GPU_PLUGIN_DIR"),
 ]
+
+
+def torch_dir() -> tuple[str, int]:
+    """(the installed torch's package folder, its _GLIBCXX_USE_CXX11_ABI), or ("", 0) without
+    torch: the PyTorch bridge is then not built (anychip.torch says so when imported)."""
+    if importlib.util.find_spec("torch") is None:
+        return "", 0
+    code = "import torch, os; print(os.path.dirname(torch.__file__)); print(int(torch._C._GLIBCXX_USE_CXX11_ABI))"
+    try:
+        folder, abi = subprocess.check_output([sys.executable, "-c", code], text=True).split()
+    except (subprocess.CalledProcessError, ValueError) as exc:
+        print(f"anychip: torch does not import ({exc}); building without the PyTorch bridge", file=sys.stderr)
+        return "", 0
+    return folder, int(abi)
 
 
 def paddle_include_dir() -> str:
@@ -97,8 +112,13 @@ class CMakeBuild(build_ext):
         paddle_inc = paddle_include_dir()
         if not paddle_inc:
             print("anychip: paddlepaddle is not installed; building without the Paddle bridge", file=sys.stderr)
+        torch_folder, torch_abi = torch_dir()
+        if not torch_folder:
+            print("anychip: torch is not installed; building without the PyTorch bridge (anychip.torch)",
+                  file=sys.stderr)
         configure = ["cmake", "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja",
-                     f"-DANYCHIP_PADDLE_INCLUDE_DIR={paddle_inc}", f"-DPython_EXECUTABLE={sys.executable}"]
+                     f"-DANYCHIP_PADDLE_INCLUDE_DIR={paddle_inc}", f"-DPython_EXECUTABLE={sys.executable}",
+                     f"-DANYCHIP_TORCH_DIR={torch_folder}", f"-DANYCHIP_TORCH_CXX11_ABI={torch_abi}"]
         configure += [f"-D{var}={path}" for var, path in out_dirs.items()]
         subprocess.check_call(configure)
         subprocess.check_call(["cmake", "--build", str(build_dir), "-j", str(os.cpu_count() or 2)])
@@ -115,7 +135,8 @@ setup(
     description="A plugin-based hardware abstraction layer for LLM work on PaddlePaddle",
     python_requires=">=3.10",
     package_dir=PACKAGE_DIRS,
-    packages=["anychip", "anychip.runtime", "anychip.cli", "anychip.ops", "anychip.conformance", "anychip_bench",
+    packages=["anychip", "anychip.runtime", "anychip.cli", "anychip.ops", "anychip.conformance", "anychip.frontends",
+              "anychip.frontends.torch", "anychip_bench",
               "anychip_codegen", "anychip_codegen.backends",
               "anychip_plugins", "anychip_plugins.host", "anychip_plugins.cpu", "anychip_plugins.gpu", "anychip_plugins.xpu",
               "anychip_plugins.npu", "anychip_plugins.gcu", "anychip_plugins.dcu", "anychip_models", "anychip_models.cli",

@@ -123,8 +123,26 @@ def record_op_fallback(device: str, op: str, dtype: str, reason: str) -> None:
         raise KernelFallbackError(
             f"anychip.ops.{op} on {device} ({dtype}): {reason}, and strict mode (ANYCHIP_STRICT=1) "
             "forbids running the reference implementation instead")
+    record_fallback(device, f"anychip.{op}", dtype, reason)
+
+
+def record_fallback(device: str, op: str, dtype: str, reason: str, instead: str = "running it on the CPU") -> None:
+    """Counts one call of ``op`` (named as its framework names it, e.g. ``aten::cumsum``) that ran
+    on the CPU instead of ``device``; in strict mode raises KernelFallbackError instead."""
+    if strict():
+        raise KernelFallbackError(
+            f"{op} on {device} ({dtype}): {reason}, and strict mode (ANYCHIP_STRICT=1) forbids {instead}")
     with _op_lock:
-        _op_counts[(device, f"anychip.{op}", dtype)] += 1
+        _op_counts[(device, op, dtype)] += 1
+
+
+_counting_frontends: set[str] = set()
+
+
+def count_frontend(name: str) -> None:
+    """Says that front end ``name`` (e.g. "torch") counts its fallbacks here as they happen, so
+    an empty report means none rather than "Paddle was never used"."""
+    _counting_frontends.add(name)
 
 
 def start_monitor(device_names: dict[str, str]) -> None:
@@ -161,7 +179,7 @@ def fallback_report() -> str:
     if strict():
         header = "CPU fallbacks: strict mode (ANYCHIP_STRICT=1), a fallback raises instead"
     elif _monitor is None and not counts:
-        return "CPU fallbacks: none (no anychip device was used with Paddle)"
+        return "CPU fallbacks: none" + ("" if _counting_frontends else " (no anychip device was used with Paddle)")
     else:
         header = f"CPU fallbacks: {sum(counts.values())} op call(s) ran on the CPU"
     if not counts:

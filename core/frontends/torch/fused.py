@@ -1,0 +1,148 @@
+"""anychip's fused kernels as PyTorch ops with autograd: ``torch.ops.anychip.rms_norm``,
+``swiglu``, ``rotary_embedding`` (kernel.h's semantics and attribute meanings).
+
+On the anychip device each runs the chip's kernel (its backward kernel for the gradient); on
+any other device, the same math in plain PyTorch ops, so a model written with them runs anywhere.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .launch import backward_kernel_for, kernel_for, launch, record_fallback
+
+BACKEND = "anychip"
+
+
+def _kernel(op: str, t: torch.Tensor, backward: bool = False):
+    """The chip's kernel for ``t`` or None (off the device, or none registered: counted)."""
+    if t.device.type != BACKEND:
+        return None
+    found = (backward_kernel_for if backward else kernel_for)(op, t.dtype)
+    if found is None:
+        record_fallback(f"anychip::{op}{'_grad' if backward else ''}", t.dtype, "no kernel on the device")
+    return found
+
+
+# ---- rms_norm -----------------------------------------------------------------------------------
+
+@torch.library.custom_op("anychip::rms_norm", mutates_args=())
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """y = x / sqrt(mean(x^2) + eps) * weight over the last dim; also returns inv_rms (float32)."""
+    kernel = _kernel("rms_norm", x)
+    if kernel is None:
+        inv = torch.rsqrt(x.float().pow(2).mean(-1) + eps)
+        return (x.float() * inv[..., None] * weight.float()).to(x.dtype), inv.reshape(-1)
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    inv = torch.empty(x.numel() // x.shape[-1], dtype=torch.float32, device=x.device)
+    launch(kernel, "rms_norm", [x, weight.contiguous()], [y, inv], [eps])
+    return y, inv
+
+
+@rms_norm.register_fake
+def _(x, weight, eps):
+    return torch.empty_like(x), x.new_empty(x.numel() // x.shape[-1], dtype=torch.float32)
+
+
+def _rms_norm_setup(ctx, inputs, output):
+    x, weight, _eps = inputs
+    ctx.save_for_backward(x, weight, output[1])
+
+
+def _rms_norm_backward(ctx, dy, _dinv):
+    x, weight, inv = ctx.saved_tensors
+    kernel = _kernel("rms_norm", x, backward=True)
+    if kernel is None:
+        xf, inv2 = x.float(), inv.reshape(x.shape[:-1])[..., None]
+        n = xf * inv2
+        g = dy.float() * weight.float()
+        dx = inv2 * (g - n * (g * n).mean(-1, keepdim=True))
+        return dx.to(x.dtype), (dy.float() * n).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype), None
+    dx, dw = torch.empty_like(x), torch.empty_like(weight)
+    launch(kernel, "rms_norm_grad", [dy.contiguous(), x.contiguous(), weight.contiguous(), inv], [dx, dw])
+    return dx, dw, None
+
+
+rms_norm.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup)
+
+
+# ---- swiglu -------------------------------------------------------------------------------------
+
+@torch.library.custom_op("anychip::swiglu", mutates_args=())
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up."""
+    kernel = _kernel("swiglu", gate)
+    if kernel is None:
+        return torch.nn.functional.silu(gate) * up
+    y = torch.empty_like(gate, memory_format=torch.contiguous_format)
+    launch(kernel, "swiglu", [gate.contiguous(), up.contiguous()], [y])
+    return y
+
+
+@swiglu.register_fake
+def _(gate, up):
+    return torch.empty_like(gate)
+
+
+def _swiglu_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _swiglu_backward(ctx, dy):
+    gate, up = ctx.saved_tensors
+    kernel = _kernel("swiglu", gate, backward=True)
+    if kernel is None:
+        s = torch.sigmoid(gate)
+        return dy * up * s * (1 + gate * (1 - s)), dy * gate * s
+    dgate, dup = torch.empty_like(gate), torch.empty_like(up)
+    launch(kernel, "swiglu_grad", [dy.contiguous(), gate.contiguous(), up.contiguous()], [dgate, dup])
+    return dgate, dup
+
+
+swiglu.register_autograd(_swiglu_backward, setup_context=_swiglu_setup)
+
+
+# ---- rotary_embedding ---------------------------------------------------------------------------
+
+def _rotate(x: torch.Tensor, positions: torch.Tensor, theta: float, sign: float) -> torch.Tensor:
+    d = x.shape[-1]
+    freqs = positions[..., None].float() * theta ** (-torch.arange(0, d // 2, device=x.device).float() * 2 / d)
+    cos, sin = torch.cos(freqs)[:, :, None, :], sign * torch.sin(freqs)[:, :, None, :]
+    a, b = x[..., : d // 2].float(), x[..., d // 2:].float()
+    return torch.cat([a * cos - b * sin, b * cos + a * sin], -1).to(x.dtype)
+
+
+@torch.library.custom_op("anychip::rotary_embedding", mutates_args=())
+def rotary_embedding(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+                     theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE (half-rotation layout) on q[B, S, Hq, D] and k[B, S, Hk, D] at positions int64[B, S]."""
+    kernel = _kernel("rotary_embedding", q)
+    if kernel is None:
+        return _rotate(q, positions, theta, 1.0), _rotate(k, positions, theta, 1.0)
+    qo, ko = torch.empty_like(q, memory_format=torch.contiguous_format), torch.empty_like(k, memory_format=torch.contiguous_format)
+    launch(kernel, "rotary_embedding", [q.contiguous(), k.contiguous(), positions.contiguous()], [qo, ko], [theta])
+    return qo, ko
+
+
+@rotary_embedding.register_fake
+def _(q, k, positions, theta):
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+def _rotary_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[2])
+    ctx.theta = inputs[3]
+
+
+def _rotary_backward(ctx, dq, dk):
+    (positions,) = ctx.saved_tensors
+    kernel = _kernel("rotary_embedding", dq, backward=True)
+    if kernel is None:
+        return _rotate(dq, positions, ctx.theta, -1.0), _rotate(dk, positions, ctx.theta, -1.0), None, None
+    gq, gk = torch.empty_like(dq, memory_format=torch.contiguous_format), torch.empty_like(dk, memory_format=torch.contiguous_format)
+    launch(kernel, "rotary_embedding_grad", [dq.contiguous(), dk.contiguous(), positions], [gq, gk], [ctx.theta])
+    return gq, gk, None, None
+
+
+rotary_embedding.register_autograd(_rotary_backward, setup_context=_rotary_setup)
