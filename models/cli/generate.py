@@ -20,6 +20,9 @@ def add_parser(sub, common):
     p.add_argument("--system", metavar="TEXT", help="a system message for the chat template")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object with the texts, token counts and timings instead of plain text")
+    p.add_argument("--framework", choices=("paddle", "torch"), default="paddle",
+                   help="paddle (default): anychip's Llama on Paddle; torch: Hugging Face transformers' own Llama "
+                        "on PyTorch, the chip as PyTorch's device 'anychip' (needs torch and transformers)")
     add_model_flags(p)
     add_sampling_flags(p)
     add_parallel_flags(p, "rank 0 prints the text")
@@ -31,6 +34,10 @@ def run(args) -> int:
         utf8_text("PROMPT" if len(args.prompts) == 1 else f"PROMPT {i + 1}", text)
     if args.system is not None:
         utf8_text("--system", args.system)
+    if args.framework == "torch":
+        from .torch_generate import run as run_torch
+
+        return run_torch(args, params)
     if (status := launch_tensor_parallel(args)) is not None:
         return status
     session = open_session(args)

@@ -12,11 +12,25 @@ def add_parser(sub, common):
     pull = actions.add_parser("pull", help="fetch a known model into the cache and verify it")
     pull.add_argument("name", help="a known model, e.g. smollm2")
     actions.add_parser("list", help="show known and cached models")
+    export = actions.add_parser("export", help="write a model as a Hugging Face folder (float32 safetensors)",
+                                description="Writes config.json, model.safetensors (float32: quantized weights "
+                                            "dequantized), tokenizer.json and tokenizer_config.json: what "
+                                            "transformers' AutoModelForCausalLM.from_pretrained reads, e.g. on "
+                                            "PyTorch's anychip device (anychip.torch).")
+    export.add_argument("name", help="a known model (smollm2), a .gguf file or a Hugging Face folder")
+    export.add_argument("output", help="the folder to write (created; must not hold another model)")
 
 
 def run(args) -> int:
     from .. import hub
 
+    if args.action == "export":
+        from ..export import write_hf_folder
+        from ..loader import load_checkpoint
+
+        ckpt = load_checkpoint(hub.resolve(args.name), weights="float")
+        print(f"{args.name}: {write_hf_folder(args.output, ckpt.config, ckpt.tensors, ckpt.tokenizer)}")
+        return 0
     if args.action == "pull":
         path = hub.pull(args.name)
         print(f"{args.name}: {path}")
