@@ -130,3 +130,26 @@ def test_generate_framework_torch_from_the_cli(tmp_path):
     assert "Paris" in result.stdout
     assert "anychip:0 (npu, simulated device: host speed), transformers" in result.stderr
     assert "aten::argmax" in result.stderr  # the fallback report follows the text
+
+
+BINARY = """
+import json, os, anychip
+from anychip.plugins import registry
+library = os.path.realpath(registry().spec("npu").library)
+if {framework!r} == "torch":
+    import torch, anychip.torch
+    value = (torch.ones(4, device="anychip") * 3).sum().item()
+else:
+    import paddle
+    from anychip.paddle_frontend import place
+    value = float((paddle.to_tensor([1.0] * 4, place=place("npu", 0)) * 3).sum())
+maps = open("/proc/self/maps").read()
+print(json.dumps({{"library": library, "mapped": library in maps, "value": value}}))
+"""
+
+
+def test_one_plugin_binary_serves_paddle_and_pytorch():
+    """The npu plugin's one shared library, unchanged, is the device of both frameworks."""
+    seen = {fw: run_script(BINARY.format(framework=fw), "npu") for fw in ("paddle", "torch")}
+    assert seen["paddle"]["library"] == seen["torch"]["library"]
+    assert all(s["mapped"] and s["value"] == 12.0 for s in seen.values()), seen
