@@ -54,7 +54,8 @@ def test_elementwise_broadcasting_and_type_promotion_match_the_cpu():
     a, b = torch.randn(4, 1, 5), torch.randn(3, 1)
     for fn in (lambda a, b: a + b * 2, lambda a, b: a - b, lambda a, b: a * b, lambda a, b: a / b,
                lambda a, b: torch.maximum(a, b), lambda a, b: torch.where(a > b, a, b), lambda a, b: a.exp() + b.sin(),
-               lambda a, b: torch.rsqrt(a.abs() + 1) * b.cos(), lambda a, b: (a + 1).pow(2) - 1):
+               lambda a, b: torch.rsqrt(a.abs() + 1) * b.cos(), lambda a, b: (a + 1).pow(2) - 1,
+               lambda a, b: 1 - a, lambda a, b: torch.rsub(a, b, alpha=2), lambda a, b: torch.sub(a, b, alpha=3)):
         torch.testing.assert_close(fn(dev(a), dev(b)).cpu(), fn(a, b), rtol=1e-6, atol=1e-6)
     i = torch.arange(6)
     assert torch.equal((dev(i) * 3 + 1).cpu(), i * 3 + 1)

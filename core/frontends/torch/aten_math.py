@@ -11,17 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from .launch import FLOATS, kernel_for, launch, on_host
+from .launch import FLOATS, device_of, kernel_for, launch, on_host
 from .registration import impl
 
 aten = torch.ops.aten
-
-
-def _device_of(*values) -> torch.device:
-    for v in values:
-        if isinstance(v, torch.Tensor) and v.device.type != "cpu":
-            return v.device
-    raise RuntimeError("anychip: no operand is on the anychip device")
 
 
 def _is_scalar(v) -> bool:
@@ -66,7 +59,7 @@ def operand(v, dtype: torch.dtype, shape: tuple, device: torch.device) -> torch.
 
 
 def _elementwise(kernel_name: str, overload, args, compute: torch.dtype, out_dtype: torch.dtype, attrs=()):
-    device = _device_of(*args)
+    device = device_of(*args)
     shape = broadcast_shapes(*(_shape(a) for a in args))
     kernel = kernel_for(kernel_name, compute)
     if kernel is None:
@@ -95,37 +88,20 @@ def _with_alpha(other, alpha):
     return aten.mul.Scalar(other, alpha)
 
 
-@impl("add.Tensor")
+@impl("add.Tensor", "add.Scalar")
 def add(self, other, alpha=1):
     return _binary("add", aten.add, self, _with_alpha(other, alpha), _promoted(self, other))
 
 
-@impl("add.Scalar")
-def add_scalar(self, other, alpha=1):
-    return add(self, other, alpha)
-
-
-@impl("sub.Tensor")
+@impl("sub.Tensor", "sub.Scalar")
 def sub(self, other, alpha=1):
     return _binary("subtract", aten.sub, self, _with_alpha(other, alpha), _promoted(self, other))
 
 
-@impl("sub.Scalar")
-def sub_scalar(self, other, alpha=1):
-    return sub(self, other, alpha)
-
-
-@impl("rsub.Tensor")
+@impl("rsub.Tensor", "rsub.Scalar")
 def rsub(self, other, alpha=1):
-    return sub(other, self, alpha) if not _is_scalar(other) else _binary(
-        "subtract", aten.rsub, _with_alpha(other, 1), aten.mul.Scalar(self, alpha) if alpha != 1 else self,
-        _promoted(self, other))
-
-
-@impl("rsub.Scalar")
-def rsub_scalar(self, other, alpha=1):
-    return _binary("subtract", aten.rsub, other, aten.mul.Scalar(self, alpha) if alpha != 1 else self,
-                   _promoted(self, other))
+    """other - alpha * self."""
+    return _binary("subtract", aten.rsub, other, _with_alpha(self, alpha), _promoted(self, other))
 
 
 @impl("mul.Tensor", "mul.Scalar")
@@ -185,7 +161,7 @@ for _name, _kernel in _COMPARE.items():
 @impl("where.self")
 def where(condition, self, other):
     dtype = _promoted(self, other)
-    device = _device_of(condition, self, other)
+    device = device_of(condition, self, other)
     shape = broadcast_shapes(_shape(condition), _shape(self), _shape(other))
     kernel = kernel_for("where", dtype)
     if kernel is None:
@@ -251,8 +227,7 @@ def _register_inplace(name: str, functional) -> None:
     impl(name)(inplace)
 
 
-for _name, _fn in [("add_.Tensor", add), ("add_.Scalar", add_scalar), ("sub_.Tensor", sub),
-                   ("sub_.Scalar", sub_scalar), ("mul_.Tensor", mul), ("mul_.Scalar", mul), ("div_.Tensor", div),
+for _name, _fn in [("add_.Tensor", add), ("add_.Scalar", add), ("sub_.Tensor", sub), ("sub_.Scalar", sub), ("mul_.Tensor", mul), ("mul_.Scalar", mul), ("div_.Tensor", div),
                    ("div_.Scalar", div), ("pow_.Scalar", pow_scalar), ("neg_", torch.neg), ("exp_", torch.exp),
                    ("sqrt_", torch.sqrt), ("masked_fill_.Scalar", masked_fill)]:
     _register_inplace(_name, _fn)

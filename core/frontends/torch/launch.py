@@ -67,21 +67,23 @@ def launch(kernel: NativeKernel, op: str, inputs, outputs, attrs=()) -> None:
 
 
 def record_fallback(op: str, dtype: torch.dtype | str, reason: str) -> None:
-    """Counts one call of ATen ``op`` that runs on the CPU (raises in strict mode)."""
+    """Counts one call of ``op`` (an ATen op's name, or a qualified one such as
+    ``anychip::swiglu``) that runs on the CPU; raises in strict mode."""
     name = dtype if isinstance(dtype, str) else DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
-    fallback.record_fallback(bridge.device_name(), f"aten::{op}", name, reason)
+    fallback.record_fallback(bridge.device_name(), op if "::" in op else f"aten::{op}", name, reason)
 
 
 def on_host(op_label: str, op, dtype, *args, **kwargs):
     """Runs ``op`` on the CPU with device tensors copied there, results copied back: the
     counted fallback of an op registered for the device but without a kernel for these dtypes."""
     record_fallback(op_label, dtype, "no kernel for this dtype on the device")
-    device = _device_of(args, kwargs)
+    device = device_of(*args, **kwargs)
     out = op(*_to(args, "cpu"), **_to(kwargs, "cpu"))
     return _to(out, device)
 
 
-def _device_of(args, kwargs):
+def device_of(*args, **kwargs) -> torch.device:
+    """The anychip device of the first anychip tensor among the arguments (lists searched too)."""
     for a in list(args) + list(kwargs.values()):
         if isinstance(a, torch.Tensor) and a.device.type == bridge.BACKEND:
             return a.device
