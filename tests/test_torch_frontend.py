@@ -211,3 +211,21 @@ def test_fused_ops_run_the_chips_kernels_with_autograd():
             if a.is_floating_point():
                 torch.testing.assert_close(b.grad.cpu(), a.grad, rtol=1e-4, atol=1e-5)
     assert not anychip.fallback.fallback_counts()
+
+
+def test_fused_attention_equals_its_reference_with_gradients():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 5, 4, 16), torch.randn(2, 7, 2, 16), torch.randn(2, 7, 2, 16)
+    mask = torch.rand(2, 1, 5, 7) > 0.3
+    anychip.fallback.reset_fallbacks()
+    for m in (None, mask):
+        ref = [t.clone().requires_grad_() for t in (q, k, v)]
+        ours = [dev(t).requires_grad_() for t in (q, k, v)]
+        o_ref, _ = torch.ops.anychip.attention(*ref, m, 0.25, True)
+        o, _ = torch.ops.anychip.attention(*ours, None if m is None else dev(m), 0.25, True)
+        torch.testing.assert_close(o.cpu(), o_ref, rtol=1e-5, atol=1e-5)
+        o_ref.square().sum().backward()
+        o.square().sum().backward()
+        for a, b in zip(ref, ours):
+            torch.testing.assert_close(b.grad.cpu(), a.grad, rtol=1e-4, atol=1e-5)
+    assert not anychip.fallback.fallback_counts()

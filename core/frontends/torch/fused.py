@@ -146,3 +146,69 @@ def _rotary_backward(ctx, dq, dk):
 
 
 rotary_embedding.register_autograd(_rotary_backward, setup_context=_rotary_setup)
+
+
+# ---- attention ----------------------------------------------------------------------------------
+
+def _attention_reference(q, k, v, mask, scale, causal):
+    """kernel.h's attention in plain PyTorch: [B, S, H, D] layout, bottom-right causal alignment."""
+    qh, kh, vh = (t.transpose(1, 2).float() for t in (q, k, v))
+    rep = qh.shape[1] // kh.shape[1]
+    kh, vh = kh.repeat_interleave(rep, 1), vh.repeat_interleave(rep, 1)
+    scores = (qh @ kh.transpose(-1, -2)) * scale
+    sq, sk = scores.shape[-2:]
+    visible = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+    if causal:
+        visible = torch.arange(sk, device=q.device)[None, :] <= torch.arange(sq, device=q.device)[:, None] + sk - sq
+    if mask is not None:
+        visible = visible & mask
+    scores = scores.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(scores, -1)
+    p = torch.where(visible, torch.exp(scores - lse[..., None].clamp_min(-1e30)), 0.0)
+    return (p @ vh).transpose(1, 2).to(q.dtype), lse
+
+
+@torch.library.custom_op("anychip::attention", mutates_args=())
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+              causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """kernel.h's attention: q[B, Sq, Hq, D], k/v[B, Sk, Hk, D], an optional bool mask
+    [B|1, Hq|1, Sq, Sk] -> (o[B, Sq, Hq, D], lse float32[B, Hq, Sq])."""
+    kernel = _kernel("attention", q)
+    if kernel is None:
+        return _attention_reference(q, k, v, mask, scale, causal)
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
+    masks = [] if mask is None else [mask.contiguous()]
+    launch(kernel, "attention", [q.contiguous(), k.contiguous(), v.contiguous(), *masks], [o, lse],
+           [scale, float(causal)])
+    return o, lse
+
+
+@attention.register_fake
+def _(q, k, v, mask, scale, causal):
+    return torch.empty_like(q), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+
+
+def _attention_setup(ctx, inputs, output):
+    q, k, v, mask, scale, causal = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], mask)
+    ctx.scale, ctx.causal = scale, causal
+
+
+def _attention_backward(ctx, do, _dlse):
+    q, k, v, o, lse, mask = ctx.saved_tensors
+    kernel = _kernel("attention", q, backward=True)
+    if kernel is None:
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+            out, _ = _attention_reference(*leaves, mask, ctx.scale, ctx.causal)
+            grads = torch.autograd.grad(out, leaves, do)
+        return (*grads, None, None, None)
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    masks = [] if mask is None else [mask.contiguous()]
+    launch(kernel, "attention_grad", [do.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), o, lse, *masks],
+           [dq, dk, dv], [ctx.scale, float(ctx.causal)])
+    return dq, dk, dv, None, None, None
+
+
+attention.register_autograd(_attention_backward, setup_context=_attention_setup)
