@@ -229,3 +229,27 @@ def test_fused_attention_equals_its_reference_with_gradients():
         for a, b in zip(ref, ours):
             torch.testing.assert_close(b.grad.cpu(), a.grad, rtol=1e-4, atol=1e-5)
     assert not anychip.fallback.fallback_counts()
+
+
+@pytest.mark.parametrize("bits,group_size,offsets", [(8, -1, False), (8, 32, True), (4, 64, False), (4, 32, True)])
+def test_fused_weight_only_linear_equals_its_dequantized_reference(bits, group_size, offsets):
+    torch.manual_seed(0)
+    n, k = 24, 128
+    x, bias = torch.randn(3, k, requires_grad=True), torch.randn(n)
+    if bits == 8:
+        qweight = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    else:
+        qweight = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8)
+    groups = 1 if group_size == -1 else k // group_size
+    scales = torch.rand(n, groups) * 0.02
+    offs = torch.randn(n, groups) * 0.01 if offsets else None
+    y_ref = torch.ops.anychip.weight_only_linear(x, qweight, scales, offs, bias, bits, group_size)
+    xd = dev(x.detach()).requires_grad_()
+    anychip.fallback.reset_fallbacks()
+    y = torch.ops.anychip.weight_only_linear(xd, dev(qweight), dev(scales), None if offs is None else dev(offs),
+                                             dev(bias), bits, group_size)
+    torch.testing.assert_close(y.cpu(), y_ref, rtol=1e-4, atol=1e-4)
+    y_ref.sum().backward()
+    y.sum().backward()
+    torch.testing.assert_close(xd.grad.cpu(), x.grad, rtol=1e-4, atol=1e-4)
+    assert not anychip.fallback.fallback_counts()

@@ -212,3 +212,67 @@ def _attention_backward(ctx, do, _dlse):
 
 
 attention.register_autograd(_attention_backward, setup_context=_attention_setup)
+
+
+# ---- weight_only_linear -------------------------------------------------------------------------
+
+def _dequantize(qweight, scales, offsets, bits: int, group_size: int) -> torch.Tensor:
+    """W[N, K] float32 of kernel.h's weight_only_linear layouts (bits 8: int8 [N, K]; bits 4:
+    uint8 [N, K/2] in 32-byte blocks of 64 values, low nibbles first)."""
+    if bits == 8:
+        q = qweight.float()
+    else:
+        n = qweight.shape[0]
+        blocks = qweight.reshape(n, -1, 32).to(torch.int32)
+        q = torch.cat([(blocks & 15) - 8, (blocks >> 4) - 8], -1).reshape(n, -1).float()
+    g = q.shape[1] if group_size == -1 else group_size
+    w = q * scales.repeat_interleave(g, 1)
+    return w + offsets.repeat_interleave(g, 1) if offsets is not None else w
+
+
+def _wol_inputs(qweight, scales, offsets):
+    return [qweight.contiguous(), scales.contiguous(), *([] if offsets is None else [offsets.contiguous()])]
+
+
+@torch.library.custom_op("anychip::weight_only_linear", mutates_args=())
+def weight_only_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None,
+                       bias: torch.Tensor | None, bits: int, group_size: int) -> torch.Tensor:
+    """y = x W^T + bias, W = q * scales (+ offsets) per group of K (kernel.h's weight_only_linear)."""
+    kernel = _kernel("weight_only_linear", x)
+    if kernel is None:
+        w = _dequantize(qweight, scales, offsets, bits, group_size)
+        y = x.float() @ w.t()
+        return (y + bias.float() if bias is not None else y).to(x.dtype)
+    y = torch.empty((*x.shape[:-1], qweight.shape[0]), dtype=x.dtype, device=x.device)
+    launch(kernel, "weight_only_linear", [x.contiguous(), *_wol_inputs(qweight, scales, offsets),
+                                          *([] if bias is None else [bias.contiguous()])],
+           [y], [bits, group_size, float(offsets is not None)])
+    return y
+
+
+@weight_only_linear.register_fake
+def _(x, qweight, scales, offsets, bias, bits, group_size):
+    return x.new_empty((*x.shape[:-1], qweight.shape[0]))
+
+
+def _wol_setup(ctx, inputs, output):
+    x, qweight, scales, offsets, _bias, bits, group_size = inputs
+    ctx.save_for_backward(x, qweight, scales, offsets)
+    ctx.bits, ctx.group_size = bits, group_size
+
+
+def _wol_backward(ctx, dy):
+    """dx only: the quantized weight is frozen (bias's gradient is dy summed over rows)."""
+    x, qweight, scales, offsets = ctx.saved_tensors
+    dbias = dy.reshape(-1, dy.shape[-1]).sum(0) if ctx.needs_input_grad[4] else None
+    kernel = _kernel("weight_only_linear", x, backward=True)
+    if kernel is None:
+        dx = (dy.float() @ _dequantize(qweight, scales, offsets, ctx.bits, ctx.group_size)).to(x.dtype)
+        return dx, None, None, None, dbias, None, None
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    launch(kernel, "weight_only_linear_grad", [dy.contiguous(), *_wol_inputs(qweight, scales, offsets)], [dx],
+           [ctx.bits, ctx.group_size, float(offsets is not None)])
+    return dx, None, None, None, dbias, None, None
+
+
+weight_only_linear.register_autograd(_wol_backward, setup_context=_wol_setup)
