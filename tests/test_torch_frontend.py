@@ -253,3 +253,14 @@ def test_fused_weight_only_linear_equals_its_dequantized_reference(bits, group_s
     y.sum().backward()
     torch.testing.assert_close(xd.grad.cpu(), x.grad, rtol=1e-4, atol=1e-4)
     assert not anychip.fallback.fallback_counts()
+
+
+def test_fused_w8a8_linear_equals_its_reference():
+    torch.manual_seed(0)
+    x, qweight = torch.randn(4, 96), torch.randint(-127, 128, (16, 96), dtype=torch.int8)
+    scales, bias = torch.rand(16, 1) * 0.01, torch.randn(16)
+    y_ref = torch.ops.anychip.w8a8_linear(x, qweight, scales, bias)
+    anychip.fallback.reset_fallbacks()
+    y = torch.ops.anychip.w8a8_linear(dev(x), dev(qweight), dev(scales), dev(bias))
+    torch.testing.assert_close(y.cpu(), y_ref, rtol=1e-4, atol=1e-4)
+    assert not anychip.fallback.fallback_counts()

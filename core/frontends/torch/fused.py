@@ -276,3 +276,28 @@ def _wol_backward(ctx, dy):
 
 
 weight_only_linear.register_autograd(_wol_backward, setup_context=_wol_setup)
+
+
+# ---- w8a8_linear --------------------------------------------------------------------------------
+
+@torch.library.custom_op("anychip::w8a8_linear", mutates_args=())
+def w8a8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """kernel.h's w8a8_linear (forward only): each row of x quantized to int8 with scale
+    absmax(row) / 127, int32 products with qweight int8[N, K], scaled by scales float32[N, 1]."""
+    kernel = _kernel("w8a8_linear", x)
+    if kernel is None:
+        xf = x.float().reshape(-1, x.shape[-1])
+        sx = xf.abs().amax(-1, keepdim=True) / 127
+        xq = torch.where(sx > 0, torch.round(xf / torch.where(sx > 0, sx, 1)), 0).clamp(-127, 127)
+        y = (xq @ qweight.float().t()) * sx * scales.reshape(1, -1)
+        y = y + bias.float() if bias is not None else y
+        return y.reshape(*x.shape[:-1], -1).to(x.dtype)
+    y = torch.empty((*x.shape[:-1], qweight.shape[0]), dtype=x.dtype, device=x.device)
+    launch(kernel, "w8a8_linear", [x.contiguous(), qweight.contiguous(), scales.contiguous(),
+                                   *([] if bias is None else [bias.contiguous()])], [y])
+    return y
+
+
+@w8a8_linear.register_fake
+def _(x, qweight, scales, bias):
+    return x.new_empty((*x.shape[:-1], qweight.shape[0]))
