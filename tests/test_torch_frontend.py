@@ -264,3 +264,22 @@ def test_fused_w8a8_linear_equals_its_reference():
     y = torch.ops.anychip.w8a8_linear(dev(x), dev(qweight), dev(scales), dev(bias))
     torch.testing.assert_close(y.cpu(), y_ref, rtol=1e-4, atol=1e-4)
     assert not anychip.fallback.fallback_counts()
+
+
+@pytest.mark.parametrize("e,causal", [(1, True), (2, True), (2, False), (4, False)])
+def test_fused_flashmask_attention_equals_its_dense_reference(e, causal):
+    torch.manual_seed(0)
+    b, s, hq, hk, d = 2, 8, 4, 2, 16
+    q, k, v = torch.randn(b, s, hq, d), torch.randn(b, s, hk, d), torch.randn(b, s, hk, d)
+    idx = torch.sort(torch.randint(0, s + 1, (b, hk, s, e), dtype=torch.int32), -1).values
+    ref = [t.clone().requires_grad_() for t in (q, k, v)]
+    ours = [dev(t).requires_grad_() for t in (q, k, v)]
+    anychip.fallback.reset_fallbacks()
+    o_ref, _ = torch.ops.anychip.flashmask_attention(*ref, idx, 0.25, causal)
+    o, _ = torch.ops.anychip.flashmask_attention(*ours, dev(idx), 0.25, causal)
+    torch.testing.assert_close(o.cpu(), o_ref, rtol=1e-5, atol=1e-5)
+    o_ref.square().sum().backward()
+    o.square().sum().backward()
+    for a, c in zip(ref, ours):
+        torch.testing.assert_close(c.grad.cpu(), a.grad, rtol=1e-4, atol=1e-5)
+    assert not anychip.fallback.fallback_counts()

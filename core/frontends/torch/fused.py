@@ -301,3 +301,67 @@ def w8a8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bi
 @w8a8_linear.register_fake
 def _(x, qweight, scales, bias):
     return x.new_empty((*x.shape[:-1], qweight.shape[0]))
+
+
+# ---- flashmask_attention ------------------------------------------------------------------------
+
+def _flashmask_visible(indices: torch.Tensor, hq: int, sq: int, causal: bool) -> torch.Tensor:
+    """The dense bool mask [B, Hq, Sq, Sk] of FlashMask's startend_row_indices (kernel.h)."""
+    hm, e = indices.shape[1], indices.shape[3]
+    heads = torch.arange(hq, device=indices.device) * hm // hq
+    cols = indices.long().index_select(1, heads)[:, :, None, :, :]  # [B, Hq, 1, Sk, E]
+    i = torch.arange(sq, device=indices.device)[None, None, :, None]
+    part = [cols[..., c] for c in range(e)]
+    if e == 1:
+        hidden = i >= part[0]
+    elif e == 2:
+        hidden = (part[0] <= i) & (i < part[1]) if causal else (i >= part[0]) | (i < part[1])
+    else:
+        hidden = ((part[0] <= i) & (i < part[1])) | ((part[2] <= i) & (i < part[3]))
+    return ~hidden
+
+
+@torch.library.custom_op("anychip::flashmask_attention", mutates_args=())
+def flashmask_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, startend_row_indices: torch.Tensor,
+                        scale: float, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """kernel.h's flashmask_attention: attention whose mask is FlashMask's per-column row ranges
+    startend_row_indices int32[B, Hm, Sk, E] (E 1, 2 or 4) -> (o, lse)."""
+    kernel = _kernel("flashmask_attention", q)
+    if kernel is None:
+        visible = _flashmask_visible(startend_row_indices, q.shape[2], q.shape[1], causal)
+        return _attention_reference(q, k, v, visible, scale, causal)
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
+    launch(kernel, "flashmask_attention", [q.contiguous(), k.contiguous(), v.contiguous(),
+                                           startend_row_indices.contiguous()], [o, lse], [scale, float(causal)])
+    return o, lse
+
+
+@flashmask_attention.register_fake
+def _(q, k, v, startend_row_indices, scale, causal):
+    return torch.empty_like(q), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+
+
+def _flashmask_setup(ctx, inputs, output):
+    q, k, v, indices, scale, causal = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], indices)
+    ctx.scale, ctx.causal = scale, causal
+
+
+def _flashmask_backward(ctx, do, _dlse):
+    q, k, v, o, lse, indices = ctx.saved_tensors
+    kernel = _kernel("flashmask_attention", q, backward=True)
+    if kernel is None:
+        visible = _flashmask_visible(indices, q.shape[2], q.shape[1], ctx.causal)
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+            out, _ = _attention_reference(*leaves, visible, ctx.scale, ctx.causal)
+            grads = torch.autograd.grad(out, leaves, do)
+        return (*grads, None, None, None)
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    launch(kernel, "flashmask_attention_grad", [do.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), o, lse,
+                                                indices.contiguous()], [dq, dk, dv], [ctx.scale, float(ctx.causal)])
+    return dq, dk, dv, None, None, None
+
+
+flashmask_attention.register_autograd(_flashmask_backward, setup_context=_flashmask_setup)
