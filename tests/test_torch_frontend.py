@@ -219,16 +219,21 @@ def test_fused_attention_equals_its_reference_with_gradients():
     mask = torch.rand(2, 1, 5, 7) > 0.3
     anychip.fallback.reset_fallbacks()
     for m in (None, mask):
-        ref = [t.clone().requires_grad_() for t in (q, k, v)]
-        ours = [dev(t).requires_grad_() for t in (q, k, v)]
-        o_ref, _ = torch.ops.anychip.attention(*ref, m, 0.25, True)
-        o, _ = torch.ops.anychip.attention(*ours, None if m is None else dev(m), 0.25, True)
-        torch.testing.assert_close(o.cpu(), o_ref, rtol=1e-5, atol=1e-5)
-        o_ref.square().sum().backward()
-        o.square().sum().backward()
-        for a, b in zip(ref, ours):
-            torch.testing.assert_close(b.grad.cpu(), a.grad, rtol=1e-4, atol=1e-5)
+        _assert_attention_matches(torch.ops.anychip.attention, (q, k, v), m, True)
     assert not anychip.fallback.fallback_counts()
+
+
+def _assert_attention_matches(op, qkv, mask, causal):
+    """``op`` on the device equals its reference on the CPU, output and q/k/v gradients."""
+    ref = [t.clone().requires_grad_() for t in qkv]
+    ours = [dev(t).requires_grad_() for t in qkv]
+    o_ref, _ = op(*ref, mask, 0.25, causal)
+    o, _ = op(*ours, None if mask is None else dev(mask), 0.25, causal)
+    torch.testing.assert_close(o.cpu(), o_ref, rtol=1e-5, atol=1e-5)
+    o_ref.square().sum().backward()
+    o.square().sum().backward()
+    for a, b in zip(ref, ours):
+        torch.testing.assert_close(b.grad.cpu(), a.grad, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("bits,group_size,offsets", [(8, -1, False), (8, 32, True), (4, 64, False), (4, 32, True)])
@@ -272,14 +277,6 @@ def test_fused_flashmask_attention_equals_its_dense_reference(e, causal):
     b, s, hq, hk, d = 2, 8, 4, 2, 16
     q, k, v = torch.randn(b, s, hq, d), torch.randn(b, s, hk, d), torch.randn(b, s, hk, d)
     idx = torch.sort(torch.randint(0, s + 1, (b, hk, s, e), dtype=torch.int32), -1).values
-    ref = [t.clone().requires_grad_() for t in (q, k, v)]
-    ours = [dev(t).requires_grad_() for t in (q, k, v)]
     anychip.fallback.reset_fallbacks()
-    o_ref, _ = torch.ops.anychip.flashmask_attention(*ref, idx, 0.25, causal)
-    o, _ = torch.ops.anychip.flashmask_attention(*ours, dev(idx), 0.25, causal)
-    torch.testing.assert_close(o.cpu(), o_ref, rtol=1e-5, atol=1e-5)
-    o_ref.square().sum().backward()
-    o.square().sum().backward()
-    for a, c in zip(ref, ours):
-        torch.testing.assert_close(c.grad.cpu(), a.grad, rtol=1e-4, atol=1e-5)
+    _assert_attention_matches(torch.ops.anychip.flashmask_attention, (q, k, v), idx, causal)
     assert not anychip.fallback.fallback_counts()

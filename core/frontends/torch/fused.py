@@ -168,6 +168,45 @@ def _attention_reference(q, k, v, mask, scale, causal):
     return (p @ vh).transpose(1, 2).to(q.dtype), lse
 
 
+def _launch_attention(kernel, op: str, q, k, v, extra: list, scale: float, causal: bool):
+    """(o, lse) of kernel.h's attention or flashmask_attention, ``extra`` its mask input(s)."""
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
+    launch(kernel, op, [q.contiguous(), k.contiguous(), v.contiguous(), *(t.contiguous() for t in extra)], [o, lse],
+           [scale, float(causal)])
+    return o, lse
+
+
+def _attention_fake(q, k, v, mask, scale, causal):
+    return torch.empty_like(q), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+
+
+def _attention_setup(ctx, inputs, output):
+    q, k, v, mask, scale, causal = inputs  # mask: attention's bool mask or FlashMask's row indices
+    ctx.save_for_backward(q, k, v, output[0], output[1], mask)
+    ctx.scale, ctx.causal = scale, causal
+
+
+def _attention_backward_of(op: str, dense_mask):
+    """The backward of ``op``: its grad kernel on the device, else autograd through the
+    reference with ``dense_mask(mask, q, causal)`` as the bool mask."""
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse, mask = ctx.saved_tensors
+        kernel = _kernel(op, q, backward=True)
+        if kernel is None:
+            with torch.enable_grad():
+                leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+                out, _ = _attention_reference(*leaves, dense_mask(mask, q, ctx.causal), ctx.scale, ctx.causal)
+                grads = torch.autograd.grad(out, leaves, do)
+            return (*grads, None, None, None)
+        dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+        extra = [] if mask is None else [mask.contiguous()]
+        launch(kernel, f"{op}_grad", [do.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), o, lse, *extra],
+               [dq, dk, dv], [ctx.scale, float(ctx.causal)])
+        return dq, dk, dv, None, None, None
+    return backward
+
+
 @torch.library.custom_op("anychip::attention", mutates_args=())
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
               causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -176,42 +215,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     kernel = _kernel("attention", q)
     if kernel is None:
         return _attention_reference(q, k, v, mask, scale, causal)
-    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
-    masks = [] if mask is None else [mask.contiguous()]
-    launch(kernel, "attention", [q.contiguous(), k.contiguous(), v.contiguous(), *masks], [o, lse],
-           [scale, float(causal)])
-    return o, lse
+    return _launch_attention(kernel, "attention", q, k, v, [] if mask is None else [mask], scale, causal)
 
 
-@attention.register_fake
-def _(q, k, v, mask, scale, causal):
-    return torch.empty_like(q), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
-
-
-def _attention_setup(ctx, inputs, output):
-    q, k, v, mask, scale, causal = inputs
-    ctx.save_for_backward(q, k, v, output[0], output[1], mask)
-    ctx.scale, ctx.causal = scale, causal
-
-
-def _attention_backward(ctx, do, _dlse):
-    q, k, v, o, lse, mask = ctx.saved_tensors
-    kernel = _kernel("attention", q, backward=True)
-    if kernel is None:
-        with torch.enable_grad():
-            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-            out, _ = _attention_reference(*leaves, mask, ctx.scale, ctx.causal)
-            grads = torch.autograd.grad(out, leaves, do)
-        return (*grads, None, None, None)
-    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    masks = [] if mask is None else [mask.contiguous()]
-    launch(kernel, "attention_grad", [do.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), o, lse, *masks],
-           [dq, dk, dv], [ctx.scale, float(ctx.causal)])
-    return dq, dk, dv, None, None, None
-
-
-attention.register_autograd(_attention_backward, setup_context=_attention_setup)
+attention.register_fake(_attention_fake)
+attention.register_autograd(_attention_backward_of("attention", lambda mask, q, causal: mask),
+                            setup_context=_attention_setup)
 
 
 # ---- weight_only_linear -------------------------------------------------------------------------
@@ -330,38 +339,11 @@ def flashmask_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start
     if kernel is None:
         visible = _flashmask_visible(startend_row_indices, q.shape[2], q.shape[1], causal)
         return _attention_reference(q, k, v, visible, scale, causal)
-    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
-    launch(kernel, "flashmask_attention", [q.contiguous(), k.contiguous(), v.contiguous(),
-                                           startend_row_indices.contiguous()], [o, lse], [scale, float(causal)])
-    return o, lse
+    return _launch_attention(kernel, "flashmask_attention", q, k, v, [startend_row_indices], scale, causal)
 
 
-@flashmask_attention.register_fake
-def _(q, k, v, startend_row_indices, scale, causal):
-    return torch.empty_like(q), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
-
-
-def _flashmask_setup(ctx, inputs, output):
-    q, k, v, indices, scale, causal = inputs
-    ctx.save_for_backward(q, k, v, output[0], output[1], indices)
-    ctx.scale, ctx.causal = scale, causal
-
-
-def _flashmask_backward(ctx, do, _dlse):
-    q, k, v, o, lse, indices = ctx.saved_tensors
-    kernel = _kernel("flashmask_attention", q, backward=True)
-    if kernel is None:
-        visible = _flashmask_visible(indices, q.shape[2], q.shape[1], ctx.causal)
-        with torch.enable_grad():
-            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-            out, _ = _attention_reference(*leaves, visible, ctx.scale, ctx.causal)
-            grads = torch.autograd.grad(out, leaves, do)
-        return (*grads, None, None, None)
-    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    launch(kernel, "flashmask_attention_grad", [do.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), o, lse,
-                                                indices.contiguous()], [dq, dk, dv], [ctx.scale, float(ctx.causal)])
-    return dq, dk, dv, None, None, None
-
-
-flashmask_attention.register_autograd(_flashmask_backward, setup_context=_flashmask_setup)
+flashmask_attention.register_fake(_attention_fake)
+flashmask_attention.register_autograd(
+    _attention_backward_of("flashmask_attention",
+                           lambda indices, q, causal: _flashmask_visible(indices, q.shape[2], q.shape[1], causal)),
+    setup_context=_attention_setup)
