@@ -26,15 +26,16 @@ def hf_folder(model: str) -> tuple[Path, object]:
     from ..loader import load_checkpoint
 
     path = resolve(model)
-    ckpt = load_checkpoint(path, weights="float")
     if path.is_dir():
-        return path, ckpt
+        return path, load_checkpoint(path)
     stat = path.stat()
     key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     folder = cache_dir() / "torch" / f"{path.stem}-{key}"
-    if not (folder / "config.json").exists():
-        print(f"anychip: exporting {path.name} for transformers into {folder}", file=sys.stderr)
-        write_hf_folder(str(folder), ckpt.config, ckpt.tensors, ckpt.tokenizer)
+    if (folder / "config.json").exists():  # exported before: its safetensors are only mapped, not dequantized again
+        return folder, load_checkpoint(folder)
+    print(f"anychip: exporting {path.name} for transformers into {folder}", file=sys.stderr)
+    ckpt = load_checkpoint(path, weights="float")
+    write_hf_folder(str(folder), ckpt.config, ckpt.tensors, ckpt.tokenizer)
     return folder, ckpt
 
 
