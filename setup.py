@@ -68,13 +68,13 @@ class SourceTree(importlib.abc.MetaPathFinder):
             return importlib.util.spec_from_file_location(
                 name, dirs[name] + "/__init__.py", submodule_search_locations=[dirs[name]])
 sys.meta_path.insert(0, SourceTree())
-from anychip.paddle_root import main
+from anychip.frontends.paddle.root import main
 sys.exit(main())
 """
 
 
 def install_paddle_devices(build_dir: Path) -> None:
-    """Writes anychip's devices into Paddle's CustomDevice folder (anychip.paddle_root.install),
+    """Writes anychip's devices into Paddle's CustomDevice folder (anychip.frontends.paddle.root.install),
     so that `import paddle` alone has them; the generated kernels of the built-in chips are
     compiled on the way, into the install, not at first use. Runs anychip from the source tree,
     beside a dist-info declaring the built-in plugins (pip has not installed them yet)."""
@@ -93,7 +93,7 @@ def install_paddle_devices(build_dir: Path) -> None:
     if subprocess.call([sys.executable, "-c", _FROM_SOURCE.format(dirs=dirs)], env=env) != 0:
         # Not fatal: anychip still registers its devices when it imports Paddle itself.
         print("anychip: WARNING: Paddle's CustomDevice folder was not written (see above): `import paddle` "
-              "before `import anychip` will not find anychip's devices; `python -m anychip.paddle_root` retries",
+              "before `import anychip` will not find anychip's devices; `python -m anychip.frontends.paddle.root` retries",
               file=sys.stderr, flush=True)
 
 
@@ -135,13 +135,13 @@ setup(
     description="A plugin-based hardware abstraction layer for LLM work on PaddlePaddle",
     python_requires=">=3.10",
     package_dir=PACKAGE_DIRS,
-    packages=["anychip", "anychip.runtime", "anychip.cli", "anychip.ops", "anychip.conformance", "anychip.frontends",
+    packages=["anychip", "anychip.runtime", "anychip.cli", "anychip.ops", "anychip.conformance", "anychip.frontends", "anychip.frontends.paddle",
               "anychip.frontends.torch", "anychip_bench",
               "anychip_codegen", "anychip_codegen.backends",
               "anychip_plugins", "anychip_plugins.host", "anychip_plugins.cpu", "anychip_plugins.gpu", "anychip_plugins.xpu",
               "anychip_plugins.npu", "anychip_plugins.gcu", "anychip_plugins.dcu", "anychip_models", "anychip_models.cli",
               "anychip_models.training", "anychip_models.quantization", "anychip_models.serving"],
-    package_data={"anychip": ["include/anychip/*.h", "include/anychip/*.c", "src/paddle_kernels/*.h", "templates/plugin/*", "templates/plugin/*/*"],
+    package_data={"anychip": ["include/anychip/*.h", "include/anychip/*.c", "frontends/paddle/csrc/kernels/*.h", "templates/plugin/*", "templates/plugin/*/*"],
                   "anychip_models": ["training/sample_data/*.jsonl", "training/sample_data/*.json", "training/sample_text/*.jsonl",
                                      "training/sample_preferences/*.jsonl",
                                      "training/configs/*.json", "eval_data/*.txt",

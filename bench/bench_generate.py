@@ -118,7 +118,7 @@ class AnychipRun:
 
     def __init__(self, pd, weights, ckpt, model, prompt_tokens: int = PROMPT_TOKENS,
                  decode_tokens: int = DECODE_TOKENS):
-        from anychip.paddle_frontend import place
+        from anychip.frontends.paddle import place
 
         self.pd, self.weights, self.model, self.dev = pd, weights, model, place("cpu", 0)
         self.checkpoint = ckpt
@@ -216,7 +216,7 @@ def test_anychip_decode_prefix(benchmark, bench, pd, loaded, with_prefix):
     which is what an adapter holds) against the same decode without one, in the same run."""
     from dataclasses import replace
 
-    from anychip.paddle_frontend import place
+    from anychip.frontends.paddle import place
     from anychip_models.llama import LlamaForCausalLM
 
     weights, ckpt, model = loaded

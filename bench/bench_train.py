@@ -249,7 +249,7 @@ class DpoStep(AnychipStep):
     """AnychipStep with DPO's loss, against the reference log-probabilities of its start."""
 
     def __init__(self, ckpt, batch):
-        from anychip.paddle_frontend import import_paddle
+        from anychip.frontends.paddle import import_paddle
         from anychip_models.training.dpo import sequence_logps
 
         super().__init__(ckpt, batch, "float32")

@@ -59,7 +59,7 @@ def paddle_mod():
     """Paddle, imported through anychip (which registers its devices), with THREADS CPU threads."""
     global _paddle
     if _paddle is None:
-        from anychip.paddle_frontend import import_paddle
+        from anychip.frontends.paddle import import_paddle
 
         _paddle = import_paddle()
         _paddle.base.core.set_num_threads(THREADS)  # Paddle's import sets OMP_NUM_THREADS=1

@@ -176,7 +176,7 @@ def _first_line(exc: Exception) -> str:
 
 
 def _paddle():
-    from anychip.paddle_frontend import import_paddle
+    from anychip.frontends.paddle import import_paddle
 
     return import_paddle()
 
@@ -184,7 +184,7 @@ def _paddle():
 def device_tensors(arrays: dict, dtype: str, device: tuple[str, int], keep_f32=()) -> dict:
     """The arrays as Paddle tensors on ``device``, float ones cast to ``dtype`` (on the host)
     except those in ``keep_f32``; a fresh copy each call."""
-    from anychip.paddle_frontend import place
+    from anychip.frontends.paddle import place
 
     pd = _paddle()
     where = place(*device)
@@ -202,7 +202,7 @@ def device_tensors(arrays: dict, dtype: str, device: tuple[str, int], keep_f32=(
 
 def device_sync(device: tuple[str, int]) -> Callable[[], None]:
     """Waits for the device's current stream; the host runs its kernels in the calling thread."""
-    from anychip.paddle_frontend import paddle_device_string
+    from anychip.frontends.paddle import paddle_device_string
 
     target = paddle_device_string(*device)
     if target == "cpu":

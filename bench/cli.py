@@ -150,7 +150,7 @@ def _bench(args) -> int:
     targets = resolve_devices(args.devices or args.device or "cpu")
 
     from anychip.host_threads import num_threads
-    from anychip.paddle_frontend import import_paddle
+    from anychip.frontends.paddle import import_paddle
     from anychip.plugins import registry
 
     pd = import_paddle()

@@ -19,7 +19,7 @@ def set_device(device: str | None = None) -> str:
     unknown name, an index out of range, a device that is unavailable here, or a simulated
     device under ANYCHIP_REQUIRE_HARDWARE=1."""
     global _current
-    from .paddle_frontend import import_paddle, paddle_device_string
+    from .frontends.paddle import import_paddle, paddle_device_string
 
     text = device or default_device()
     name, index = parse_device(text)

@@ -84,7 +84,7 @@ class _Run:
 def _train_step(checkpoint, batch, device, run: _Run, step_grads=None) -> None:
     """Forward, backward and one AdamW step into ``run``. ``step_grads``: gradients to step with
     instead of the model's own (the baseline steps with the device's)."""
-    from anychip.paddle_frontend import import_paddle
+    from anychip.frontends.paddle import import_paddle
 
     from .training.model import TrainableModel
     from .training.optimizer import AdamW
@@ -112,7 +112,7 @@ def _greedy_decode(checkpoint, device, run: _Run) -> None:
     """Prefill, then the device's decode step (fused where it registers decoder_step): the
     logits of each step [NEW_TOKENS, V] and the greedy tokens."""
     from anychip.ops.dispatch import place
-    from anychip.paddle_frontend import import_paddle
+    from anychip.frontends.paddle import import_paddle
 
     from .llama import KVCache, LlamaForCausalLM
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from anychip.ops.decoder import CACHE_DTYPES
 from anychip.ops.dispatch import place
-from anychip.paddle_frontend import import_paddle
+from anychip.frontends.paddle import import_paddle
 
 from .checkpoint import ModelConfig
 

@@ -10,7 +10,7 @@ import numpy as np
 import anychip.ops as ops
 from anychip import fallback
 from anychip.ops.dispatch import place
-from anychip.paddle_frontend import import_paddle
+from anychip.frontends.paddle import import_paddle
 from anychip.plugins import registry
 
 from .checkpoint import Checkpoint

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from anychip.paddle_frontend import import_paddle
+from anychip.frontends.paddle import import_paddle
 
 from .checkpoint import Checkpoint, ModelConfig, QuantWeight
 

@@ -10,7 +10,7 @@ from anychip.conformance.op_checks import paddle  # noqa: F401 - Paddle, importe
 
 
 def place(device: str):
-    from anychip.paddle_frontend import place as pf_place
+    from anychip.frontends.paddle import place as pf_place
 
     paddle()
     return pf_place(device, 0)

@@ -8,7 +8,7 @@ import os
 import numpy as np
 
 import anychip
-from anychip.paddle_frontend import import_paddle, place
+from anychip.frontends.paddle import import_paddle, place
 
 paddle = import_paddle()
 import paddle.distributed as dist  # noqa: E402  (after anychip has chosen Paddle's device folder)

@@ -8,7 +8,7 @@ import numpy as np
 
 import anychip
 from anychip.ops.dispatch import place
-from anychip.paddle_frontend import import_paddle
+from anychip.frontends.paddle import import_paddle
 from anychip_models.loader import load_checkpoint
 from anychip_models.llama import LlamaForCausalLM
 from anychip_models.training.distributed import join, rank

@@ -147,4 +147,4 @@ def test_devices_says_whether_a_plain_import_paddle_gets_them():
     # the simulator's memory checking changes the devices' options: not what pip install wrote
     checked = anychip("devices", env={**env, "ANYCHIP_SIM_CHECK": "1"})
     assert "does not hold these devices as they are now" in checked.stdout
-    assert "python -m anychip.paddle_root" in checked.stdout
+    assert "python -m anychip.frontends.paddle.root" in checked.stdout

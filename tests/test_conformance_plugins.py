@@ -18,7 +18,7 @@ from conftest import run_python
 PLUGIN = {
     "anychip_testchips/__init__.py": textwrap.dedent('''
         import anychip
-        from anychip.paddle_frontend import import_paddle
+        from anychip.frontends.paddle import import_paddle
         from anychip_plugins.host import register_host_kernels
 
         def chip(name):
@@ -137,7 +137,7 @@ BREAKS = textwrap.dedent('''
 
     from anychip import KernelRegistry
     from anychip.ops.dispatch import launch
-    from anychip.paddle_frontend import import_paddle
+    from anychip.frontends.paddle import import_paddle
     from anychip.plugins import registry
     from anychip_models import conformance
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from anychip.ops.masks import packed_share_question
-from anychip.paddle_frontend import import_paddle
+from anychip.frontends.paddle import import_paddle
 from anychip_models.loader import load_checkpoint
 from anychip_models.training.data import ChatFormat, DataError
 from anychip_models.training.dpo import preference_accuracy, preference_loss, sequence_logps

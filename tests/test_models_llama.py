@@ -28,7 +28,7 @@ def generator(checkpoint, device="cpu", fused=True):
 
 
 def ids_tensor(array, device="cpu"):
-    from anychip.paddle_frontend import place
+    from anychip.frontends.paddle import place
 
     return paddle().to_tensor(np.asarray(array, dtype=np.int64), place=place(device, 0))
 

@@ -72,7 +72,7 @@ def gguf_reference_tensors(path) -> tuple[dict, dict]:
 
 
 def test_next_token_logits_match_an_independent_numpy_forward(gguf_path, checkpoints):
-    from anychip.paddle_frontend import place
+    from anychip.frontends.paddle import place
     from anychip_models.llama import LlamaForCausalLM
 
     tok = checkpoints["float"].tokenizer

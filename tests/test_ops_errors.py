@@ -101,7 +101,7 @@ def test_a_dtype_the_chip_lacks_falls_back_and_is_counted():
 def test_strict_mode_fails_on_a_device_that_lacks_a_kernel():
     code = textwrap.dedent("""
         import numpy as np, anychip, anychip.ops as ops
-        from anychip.paddle_frontend import import_paddle
+        from anychip.frontends.paddle import import_paddle
         paddle = import_paddle()
         x = paddle.to_tensor(np.ones((2, 8), np.float32), place=paddle.CPUPlace()).astype("bfloat16")
         x = x._copy_to(paddle.CustomPlace("anychip_hygon", 0), True)
@@ -120,7 +120,7 @@ def test_kernels_touch_only_their_tensors_in_checking_mode():
     exactly its tensors' ranges; a host read of device memory outside a launch would crash."""
     code = textwrap.dedent("""
         import numpy as np, anychip.ops as ops
-        from anychip.paddle_frontend import import_paddle
+        from anychip.frontends.paddle import import_paddle
         paddle = import_paddle()
         npu = paddle.CustomPlace("anychip_ascend", 0)
         x = paddle.to_tensor(np.arange(12, dtype=np.float32).reshape(3, 4), place=paddle.CPUPlace())._copy_to(npu, True)
@@ -184,7 +184,7 @@ def test_kernels_get_the_thread_count_from_anychip_not_from_paddles_omp_setting(
     code = textwrap.dedent("""
         import os
         from anychip.ops.dispatch import num_threads
-        import anychip.paddle_frontend as pf
+        import anychip.frontends.paddle as pf
         pf.import_paddle()
         print(os.environ.get("OMP_NUM_THREADS"), num_threads())
     """)

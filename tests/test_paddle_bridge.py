@@ -18,7 +18,7 @@ if importlib.util.find_spec("paddle") is None:
 
 TRAIN = textwrap.dedent("""
     import json, numpy as np, anychip
-    import anychip.paddle_frontend as pf
+    import anychip.frontends.paddle as pf
     from anychip.runtime.open import parse_device
     paddle = pf.import_paddle()
 
@@ -118,7 +118,7 @@ def test_anychip_device_environment_sets_the_default():
         print(anychip.get_device())
         anychip.set_device()
         import paddle
-        from anychip.paddle_frontend import place
+        from anychip.frontends.paddle import place
         print(paddle.to_tensor([1.0]).place)
         print(paddle.to_tensor([2.0], place=place("npu", 1)).place)
     """)
@@ -129,7 +129,7 @@ def test_anychip_device_environment_sets_the_default():
 
 def test_importing_paddle_through_anychip_keeps_the_cpu_default():
     code = textwrap.dedent("""
-        from anychip.paddle_frontend import import_paddle
+        from anychip.frontends.paddle import import_paddle
         paddle = import_paddle()
         print(paddle.get_device(), paddle.to_tensor([1.0]).place)
     """)

@@ -1,6 +1,6 @@
 """The Paddle bridge routes Paddle's collectives (device_ext.h's xccl_*) to the device's own
 (device.h ABI 1.2): a job of 2 ranks under ``python -m paddle.distributed.launch``, set up by
-``python -m anychip.paddle_root --job CHIP``, runs paddle.distributed's collectives and
+``python -m anychip.frontends.paddle.root --job CHIP``, runs paddle.distributed's collectives and
 paddle.DataParallel on simulated chips in strict mode (no CPU fallback)."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ JOB = Path(__file__).with_name("paddle_collectives_job.py")
 
 
 def job_env(chip: str) -> dict[str, str]:
-    """The environment `eval "$(python -m anychip.paddle_root --job CHIP)"` gives, as a README user would."""
-    out = subprocess.run([sys.executable, "-m", "anychip.paddle_root", "--job", chip], capture_output=True, text=True,
+    """The environment `eval "$(python -m anychip.frontends.paddle.root --job CHIP)"` gives, as a README user would."""
+    out = subprocess.run([sys.executable, "-m", "anychip.frontends.paddle.root", "--job", chip], capture_output=True, text=True,
                          check=True).stdout
     env = {}
     for line in out.splitlines():

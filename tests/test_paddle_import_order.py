@@ -54,7 +54,8 @@ def test_anychip_set_device_works_whatever_was_imported_first(order):
     out = run(imports + """
 import json
 import numpy as np
-from anychip import paddle_frontend, paddle_root
+from anychip.frontends import paddle as paddle_frontend
+from anychip.frontends.paddle import root as paddle_root
 from anychip.fallback import fallback_counts
 anychip.set_device("npu")
 x = paddle.to_tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
@@ -83,7 +84,7 @@ def test_paddle_first_without_the_device_in_its_folder_names_the_way_out(tmp_pat
             print(json.dumps({"error": str(e)}))
     """, env={"CUSTOM_DEVICE_ROOT": str(tmp_path)})
     assert "device 'npu' (Paddle type anychip_ascend) is not among the CustomDevices" in out["error"]
-    assert "python -m anychip.paddle_root" in out["error"]
+    assert "python -m anychip.frontends.paddle.root" in out["error"]
     assert "does not match the anychip devices" in out["stderr"]
 
 

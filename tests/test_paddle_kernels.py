@@ -1,5 +1,5 @@
 """Paddle's own ops on an anychip device run the plugin's base-op C kernels through the
-generated PD_REGISTER_PLUGIN_KERNEL wrappers (anychip.paddle_kernels).
+generated PD_REGISTER_PLUGIN_KERNEL wrappers (anychip.frontends.paddle.kernels).
 
 The device is xpu (simulated), with a small set of counting float32 base kernels compiled here
 and registered in the subprocess before Paddle is imported (a stand-in for a vendor's kernels:
@@ -238,7 +238,7 @@ def run_on_xpu(kernel_lib, body: str, env: dict | None = None, ops=None):
         import numpy as np
         import anychip
         from anychip.kernels import NativeKernel
-        from anychip.paddle_kernels import PADDLE_KERNELS
+        from anychip.frontends.paddle.kernels import PADDLE_KERNELS
         from anychip.plugins import registry
         calls = lambda: 0
         if {str(kernel_lib) if kernel_lib else None!r}:
@@ -252,7 +252,7 @@ def run_on_xpu(kernel_lib, body: str, env: dict | None = None, ops=None):
             calls = lambda: ctypes.c_int64.in_dll(_lib, "test_calls").value
         anychip.set_device("xpu")
         import paddle
-        from anychip import paddle_kernels
+        from anychip.frontends.paddle import kernels as paddle_kernels
     """) + textwrap.dedent(body)
     result = run_python(code, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
@@ -429,7 +429,7 @@ def add_on_xpu_with_kernel_config(tmp_path, edit: str):
     code = textwrap.dedent(f"""
         import json, os
         from pathlib import Path
-        from anychip import paddle_root
+        from anychip.frontends.paddle import root as paddle_root
         root = Path({str(tmp_path)!r})
         paddle_root.install(root)
         conf = root / "kernels" / "libanychip_xpu_kernels.so.conf"
@@ -782,7 +782,7 @@ def test_composed_kernels_match_paddles_cpu_kernels():
 def test_at_least_150_paddle_kernels_are_routed_on_every_chip(chip):
     """Counted as `anychip ops` plans a device's Paddle kernel library: the Paddle kernels whose
     base ops the chip's plugin has as C kernels, in at least one dtype."""
-    from anychip.paddle_kernels import plan
+    from anychip.frontends.paddle.kernels import plan
     from anychip.plugins import registry
 
     served = plan(registry().kernels, chip)[1]

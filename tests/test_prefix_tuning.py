@@ -15,7 +15,7 @@ import pytest
 
 from anychip.ops import masks
 from anychip.ops.dispatch import place
-from anychip.paddle_frontend import import_paddle
+from anychip.frontends.paddle import import_paddle
 from anychip_models import prefix as prefix_mod
 from anychip_models.checkpoint import CheckpointError
 from anychip_models.loader import load_checkpoint

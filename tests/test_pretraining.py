@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from anychip.paddle_frontend import import_paddle
+from anychip.frontends.paddle import import_paddle
 from anychip_models.loader import load_checkpoint
 from anychip_models.training import checkpoints
 from anychip_models.training.data import DataError

@@ -94,7 +94,7 @@ def model(ckpt, device="cpu"):
 
 
 def ids_tensor(array, device="cpu"):
-    from anychip.paddle_frontend import place
+    from anychip.frontends.paddle import place
 
     return paddle().to_tensor(np.asarray(array, dtype=np.int64), place=place(device, 0))
 

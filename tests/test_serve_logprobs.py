@@ -27,7 +27,7 @@ def client(server):
 def reference_logprobs(base, ids: list[int]) -> np.ndarray:
     """log p(ids[i] | ids[:i]) for i >= 1, from one forward of the whole sequence."""
     from anychip.ops.dispatch import place
-    from anychip.paddle_frontend import import_paddle
+    from anychip.frontends.paddle import import_paddle
     from anychip_models.llama import LlamaForCausalLM
 
     paddle = import_paddle()

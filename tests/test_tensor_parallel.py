@@ -49,7 +49,7 @@ def test_each_tensor_splits_on_its_axis_and_the_vocabulary_in_padded_chunks(base
 def _job(chip: str, model_dir, out: Path, tp: int = 2) -> subprocess.CompletedProcess:
     env = {**os.environ, "CHIP": chip, "TP": str(tp), "MODEL": str(model_dir), "OUT": str(out)}
     if chip != "cpu":
-        from anychip.paddle_root import job_env
+        from anychip.frontends.paddle.root import job_env
 
         env.update(job_env(chip), ANYCHIP_STRICT="1")
     return subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(tp),
@@ -60,7 +60,7 @@ def _job(chip: str, model_dir, out: Path, tp: int = 2) -> subprocess.CompletedPr
 @pytest.mark.parametrize("chip", ["cpu", "npu"])
 def test_two_ranks_give_the_logits_of_one_device(model_dir, base, tmp_path, chip):
     from anychip.ops.dispatch import place
-    from anychip.paddle_frontend import import_paddle
+    from anychip.frontends.paddle import import_paddle
     from anychip_models.llama import LlamaForCausalLM
 
     run = _job(chip, model_dir, tmp_path)

@@ -141,7 +141,7 @@ if {framework!r} == "torch":
     value = (torch.ones(4, device="anychip") * 3).sum().item()
 else:
     import paddle
-    from anychip.paddle_frontend import place
+    from anychip.frontends.paddle import place
     value = float((paddle.to_tensor([1.0] * 4, place=place("npu", 0)) * 3).sum())
 maps = open("/proc/self/maps").read()
 print(json.dumps({{"library": library, "mapped": library in maps, "value": value}}))

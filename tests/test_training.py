@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import anychip
-from anychip.paddle_frontend import import_paddle
+from anychip.frontends.paddle import import_paddle
 from anychip_models.loader import load_checkpoint
 from anychip_models.lora import LoraConfig
 from anychip_models.training import checkpoints

@@ -42,7 +42,7 @@ def tier_run(model_dir: str, out: str, perturb: float = 0.0) -> None:
     exercised) and the losses of a STEPS-step run, into `out` (.npz and .json)."""
     import tempfile
 
-    from anychip.paddle_frontend import import_paddle
+    from anychip.frontends.paddle import import_paddle
     from anychip_models.loader import load_checkpoint
     from anychip_models.lora import LoraConfig
     from anychip_models.training.data import ChatFormat, load_sft_data

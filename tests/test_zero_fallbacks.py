@@ -2,7 +2,7 @@
 global-norm clipping, AdamW) and decodes greedily under ANYCHIP_STRICT=1, where any CPU
 fallback (a Paddle op or an anychip op without the device's kernel) raises, and its results match
 the cpu's. The model code is the real one (anychip_models.training); Paddle's own ops reach the
-chip's base-op kernels through the generated Paddle kernel bridge (anychip.paddle_kernels).
+chip's base-op kernels through the generated Paddle kernel bridge (anychip.frontends.paddle.kernels).
 
 One subprocess per device (Paddle registers devices once per process) runs the same step on cpu
 and on the device, with the simulator's memory guard on, and reports both as JSON.
@@ -22,7 +22,7 @@ STEP = """
 import json
 import anychip
 anychip.set_device({device!r})
-from anychip.paddle_frontend import import_paddle
+from anychip.frontends.paddle import import_paddle
 paddle = import_paddle()
 from anychip_models.loader import load_checkpoint
 from anychip_models.generate import Generator
@@ -123,7 +123,7 @@ QUANTIZED_DECODE = """
 import json
 import anychip
 anychip.set_device({device!r})
-from anychip.paddle_frontend import import_paddle
+from anychip.frontends.paddle import import_paddle
 paddle = import_paddle()
 from anychip_models.loader import load_checkpoint
 from anychip_models.generate import Generator

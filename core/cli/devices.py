@@ -45,7 +45,7 @@ def run(args) -> int:
 def _paddle_folder() -> str:
     """Whether a plain `import paddle` gets the devices above: the state of Paddle's own
     CustomDevice folder, which pip install writes."""
-    from .. import paddle_root
+    from ..frontends.paddle import root as paddle_root
 
     try:
         folder = paddle_root.default_root()
@@ -55,4 +55,4 @@ def _paddle_folder() -> str:
     if current:
         return f"paddle: `import paddle` loads these devices from {folder}"
     return (f"paddle: the CustomDevice folder {folder} does not hold these devices as they are now; a script "
-            "importing paddle before anychip misses the difference: run `python -m anychip.paddle_root`")
+            "importing paddle before anychip misses the difference: run `python -m anychip.frontends.paddle.root`")

@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"anychip {args.command}: error: {exc}", file=sys.stderr)
         code = 1
     except OSError as exc:
-        from ..paddle_frontend import device_error
+        from ..frontends.paddle import device_error
 
         # Paddle's own error for a failed device call carries no reason: say the device's instead
         # (out of memory: the device, the bytes requested, free and capacity).

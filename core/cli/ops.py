@@ -31,9 +31,9 @@ def readme_section(table: str) -> str:
 
 
 def paddle_kernel_listing(devices: list[str]) -> str:
-    """Per device, the Paddle kernels its plugin's kernels serve (anychip.paddle_kernels.plan)."""
-    from .. import paddle_kernels
-    from ..paddle_root import device_configs
+    """Per device, the Paddle kernels its plugin's kernels serve (anychip.frontends.paddle.kernels.plan)."""
+    from ..frontends.paddle import kernels as paddle_kernels
+    from ..frontends.paddle.root import device_configs
     from ..plugins import registry
 
     configs = device_configs()
@@ -91,7 +91,7 @@ def run(args) -> int:
                 raise ValueError("--script needs --device: the device to run the script on")
             print(run_script_fallbacks(args.script, args.device))
             return 0
-        from ..paddle_root import device_configs
+        from ..frontends.paddle.root import device_configs
 
         print(paddle_kernel_listing([args.device.split(":")[0]] if args.device else list(device_configs())))
         return 0

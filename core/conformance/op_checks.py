@@ -35,7 +35,7 @@ def paddle():
     directly, which the guard would trap though the kernels under test are fine."""
     global _paddle
     if _paddle is None:
-        from ..paddle_frontend import import_paddle
+        from ..frontends.paddle import import_paddle
 
         saved = os.environ.pop("ANYCHIP_SIM_CHECK", None)
         try:
@@ -149,7 +149,7 @@ def _rounded(array: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def _tensor(array: np.ndarray, device: tuple[str, int], dtype: str | None, grad: bool):
-    from ..paddle_frontend import place
+    from ..frontends.paddle import place
 
     pd = paddle()
     t = pd.to_tensor(np.ascontiguousarray(array), place=pd.CPUPlace())

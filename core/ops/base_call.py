@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import fallback
-from ..paddle_frontend import place as _place
+from ..frontends.paddle import place as _place
 from ..plugins import registry
 from ..spec import DTYPE_BITS
 from . import checks

@@ -14,8 +14,8 @@ import functools
 from .. import _launcher, fallback
 from ..host_threads import num_threads
 from ..kernels import NativeKernel
-from ..paddle_frontend import bridge_library, device_of_place, import_paddle, paddle_device_string
-from ..paddle_frontend import place as _place
+from ..frontends.paddle import bridge_library, device_of_place, import_paddle, paddle_device_string
+from ..frontends.paddle import place as _place
 from ..plugins import registry
 from ..spec import DTYPE_BITS
 
@@ -179,9 +179,7 @@ def _with_reference_grads(impl: OpImpl, kernel, tensors):
 
 
 def _make_layer():
-    from paddle.autograd import PyLayer
-
-    class KernelLayer(PyLayer):
+    class KernelLayer(paddle().autograd.PyLayer):
         @staticmethod
         def forward(ctx, impl, kernel, *tensors):
             outs, saved, nondiff = impl.forward(kernel.forward, *tensors)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from anychip.ops.dispatch import place
-from anychip.paddle_frontend import import_paddle
+from anychip.frontends.paddle import import_paddle
 
 paddle = import_paddle()
 

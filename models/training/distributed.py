@@ -81,7 +81,7 @@ def launch(argv: list[str], nproc: int, chip: str) -> int:
     folder, named on failure; rank 0's output is shown as it runs (Paddle's launcher does that)."""
     logs = tempfile.mkdtemp(prefix="anychip-ranks-")
     env = dict(os.environ)
-    from anychip.paddle_root import job_env
+    from anychip.frontends.paddle.root import job_env
 
     env.update(job_env(chip))
     if "ANYCHIP_NUM_THREADS" not in env:  # N ranks on one host share its CPUs
@@ -153,7 +153,7 @@ class World:
         import numpy as np
 
         from anychip.ops.dispatch import place
-        from anychip.paddle_frontend import import_paddle
+        from anychip.frontends.paddle import import_paddle
 
         paddle = import_paddle()
         tensor = paddle.to_tensor(np.asarray(values, dtype=np.float32), place=place(self.device))
@@ -169,7 +169,7 @@ def join(device: tuple[str, int], tensor_parallel: int = 1) -> World:
             raise ValueError(f"--tensor-parallel {tensor_parallel} splits the model across ranks: pass --nproc "
                              f"{tensor_parallel} (or a multiple)")
         return World(device=device)
-    from anychip.paddle_frontend import import_paddle
+    from anychip.frontends.paddle import import_paddle
 
     # Paddle's launcher asks for its custom-device collectives whenever custom devices are
     # registered; the host's ranks talk through gloo instead.

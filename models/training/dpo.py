@@ -17,7 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 from anychip.ops.dispatch import place
-from anychip.paddle_frontend import import_paddle
+from anychip.frontends.paddle import import_paddle
 
 from .preference import PreferenceBatch, PreferenceData
 from .trainer import Trainer

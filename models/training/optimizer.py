@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 import anychip.ops as ops
-from anychip.paddle_frontend import import_paddle
+from anychip.frontends.paddle import import_paddle
 
 from ..layers import assign
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from anychip.paddle_frontend import import_paddle
+from anychip.frontends.paddle import import_paddle
 
 from .distributed import World
 from .optimizer import AdamW

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from anychip.paddle_frontend import import_paddle
+from anychip.frontends.paddle import import_paddle
 
 from ..checkpoint import Checkpoint
 from ..export import hf_metadata_files, hf_tensors

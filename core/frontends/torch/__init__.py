@@ -6,7 +6,7 @@
 
 PyTorch's PrivateUse1 backend is renamed ``anychip``; device index i is the chip's device i. The
 allocator, copies, streams, events and device guard come from the plugin's ``anychip/device.h``
-table (``core/src/torch_bridge``), the ops from its ``anychip/kernel.h`` kernels
+table (``core/frontends/torch/csrc``), the ops from its ``anychip/kernel.h`` kernels
 (``aten_*.py``, ``fused.py``). An ATen op without a device kernel runs on the CPU through
 PyTorch's fallback, counted in ``anychip.fallback_report()``; strict mode (ANYCHIP_STRICT=1)
 refuses it. One chip per process: PyTorch has one PrivateUse1 backend.

@@ -1,4 +1,4 @@
-"""The compiled half of the PyTorch front end (``core/src/torch_bridge``), loaded into PyTorch.
+"""The compiled half of the PyTorch front end (``core/frontends/torch/csrc``), loaded into PyTorch.
 
 Loading it registers the PrivateUse1 backend's allocator, device guard, hooks and the ATen ops
 that only move metadata; :func:`open_device` then binds the backend to one chip's plugin, for

@@ -1,5 +1,5 @@
 // Glue of anychip's Paddle kernel library (libanychip_paddle_kernels.so, see
-// anychip/paddle_kernels.py and loader.cc).
+// anychip/frontends/paddle/kernels.py and loader.cc).
 //
 // The library holds wrappers that turn Paddle's DenseTensors into AnychipTensor descriptors and
 // launch a plugin's C-ABI kernel (anychip/kernel.h) the way anychip.ops does: on dev_ctx's

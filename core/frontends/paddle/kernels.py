@@ -4,14 +4,14 @@ For each bridged device, the base-op kernels its plugin registered (``add``, ``e
 ``matmul``, ... in anychip's KernelRegistry, see kernel.h's base-op ABI) become Paddle kernels
 of the device's Paddle type, so that ``paddle.add(x, y)`` on an ``npu`` tensor runs the npu
 plugin's C kernel instead of Paddle's CPU kernel with copies. Vendors never see Paddle: the
-wrappers (``src/paddle_kernels/wrappers.h``) turn Paddle's DenseTensors into AnychipTensor
+wrappers (``csrc/kernels/wrappers.h``) turn Paddle's DenseTensors into AnychipTensor
 descriptors, and ``glue.h`` launches the plugin's kernel as anychip.ops does.
 
 The wrappers are compiled once, at install: ``libanychip_paddle_kernels.so`` holds every
-Paddle kernel of the table (``paddle_kernel_table``) for every dtype. Per device, this module
+Paddle kernel of the table (``kernel_table``) for every dtype. Per device, this module
 plans which of them the plugin's kernels cover (``plan``) and writes the config that a copy of
-the library, beside the device's bridge in the CustomDevice folder (``paddle_root``), reads
-when Paddle loads it (``src/paddle_kernels/loader.cc``): the Paddle kernels and dtypes to
+the library, beside the device's bridge in the CustomDevice folder (``root``), reads
+when Paddle loads it (``csrc/kernels/loader.cc``): the Paddle kernels and dtypes to
 register, and the plugin kernel behind each (base op, dtype). Nothing is compiled at run time.
 """
 
@@ -20,9 +20,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .kernels import NativeKernel
-from .native import library_path
-from .paddle_kernel_table import CPP_TYPES, PADDLE_KERNELS
+from ...kernels import NativeKernel
+from ...native import library_path
+from .kernel_table import CPP_TYPES, PADDLE_KERNELS
 
 
 # device name -> why its Paddle kernels are missing (for `anychip devices` and the tests)
@@ -39,7 +39,7 @@ def plan(registry, device: str) -> tuple[dict[tuple[str, str], NativeKernel], di
     Only C-ABI kernels (NativeKernel) count; Python kernels have no place in a C++ library.
     The table holds every base-op kernel of the device, not only those of the served dtypes: a
     wrapper may need one of another dtype (e.g. ``cast`` of an int32 index to int64)."""
-    from .ops.base import BASE_OPS  # here: anychip.ops imports paddle_frontend, which imports this module
+    from ...ops.base import BASE_OPS  # here: anychip.ops imports anychip.frontends.paddle, which imports this module
 
     served: dict[str, list[str]] = {}
     for pk in PADDLE_KERNELS:
@@ -72,7 +72,7 @@ def config(device: str, paddle_type: str, used, served) -> str:
 
 
 def configs(kernel_registry, devices: dict[str, dict]) -> dict[str, str]:
-    """{device: its kernel library config} for the bridged ``devices`` (paddle_root's configs)
+    """{device: its kernel library config} for the bridged ``devices`` (``root``'s configs)
     whose plugins registered base-op kernels. Never raises: a device left out has the reason on
     stderr and in ``problems`` (its Paddle ops fall back to the CPU, counted)."""
     out = {}

@@ -5,7 +5,7 @@
 // anychip puts one copy of it per device in the CustomDevice folder's kernels/ subfolder
 // ("kernels/libanychip_<name>_kernels.so", loaded by the device's bridge; copies: the dynamic
 // loader would hand every link the same single instance), each next to a config "<copy>.conf"
-// that anychip.paddle_kernels writes:
+// that anychip.frontends.paddle.kernels writes:
 //   device=npu                        the anychip device (its bridge is libanychip_npu.so)
 //   paddle_type=anychip_ascend        the Paddle device type the kernels are registered for
 //   serve=add float32 float16         a Paddle kernel and the dtypes it is registered for

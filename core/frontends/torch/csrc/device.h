@@ -1,7 +1,7 @@
 // What the parts of the PyTorch bridge share: the one anychip device PyTorch's PrivateUse1
 // backend ("anychip") stands for, loaded from its plugin by anychip_torch_open (device.cc).
 //
-// This folder and core/src/paddle_bridge are the only anychip sources that include a framework's
+// This folder and core/frontends/paddle/csrc/bridge are the only anychip sources that include a framework's
 // headers. The bridge knows no chip: it drives whatever AnychipDeviceInterface it was given.
 #pragma once
 

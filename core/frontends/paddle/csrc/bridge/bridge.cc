@@ -264,7 +264,7 @@ bool load_device(std::string* error) {
 }
 
 // The device's Paddle kernels: kernels/libanychip_<name>_kernels.so beside this library, if
-// there is one (see paddle_kernels/loader.cc). Loaded here rather than by Paddle from the folder
+// there is one (see ../kernels/loader.cc). Loaded here rather than by Paddle from the folder
 // itself, because Paddle expects every library it finds there to be a runtime, and warns about
 // each that is not. Loaded now, so that its kernels are registered with this device's.
 void load_kernels() {

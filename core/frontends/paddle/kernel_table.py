@@ -1,9 +1,9 @@
 """The Paddle kernels anychip serves on a device, and the base ops each one is made of.
 
 One row per Paddle kernel: its name in Paddle's registry, the C++ wrapper in
-``src/paddle_kernels/wrappers.h`` that implements it over base-op kernels, the base ops it
+``csrc/kernels/wrappers.h`` that implements it over base-op kernels, the base ops it
 launches (a device gets the Paddle kernel for the dtypes its plugin has all of them in), and
-what its PD_REGISTER_PLUGIN_KERNEL body sets. ``anychip.paddle_kernels`` plans and builds from
+what its PD_REGISTER_PLUGIN_KERNEL body sets. ``anychip.frontends.paddle.kernels`` plans and builds from
 this table; this module imports nothing of anychip's, so that a build step can read it too.
 """
 
@@ -221,7 +221,7 @@ PADDLE_KERNELS = _kernels()
 # --- C++ registration table of libanychip_paddle_kernels.so (generated at build time) ---------
 
 def _cxx_part(index: int, rows: list[PaddleKernel]) -> str:
-    lines = [f"// Generated from core/paddle_kernel_table.py (part {index}): do not edit.",
+    lines = [f"// Generated from core/frontends/paddle/kernel_table.py (part {index}): do not edit.",
              '#include "table.h"', "", "namespace anychip_pk {", "namespace {"]
     for i, pk in enumerate(rows):
         if pk.body:
@@ -241,7 +241,7 @@ def cxx_sources(parts: int) -> dict[str, str]:
     them all."""
     chunks = [list(PADDLE_KERNELS[i::parts]) for i in range(parts)]
     files = {f"table_{i}.cc": _cxx_part(i, rows) for i, rows in enumerate(chunks)}
-    index = ["// Generated from core/paddle_kernel_table.py: do not edit.", '#include "table.h"', "",
+    index = ["// Generated from core/frontends/paddle/kernel_table.py: do not edit.", '#include "table.h"', "",
              "namespace anychip_pk {"]
     index += [f"void table_part_{i}(const RowSink& sink);" for i in range(parts)]
     index += ["", "void for_each_row(const RowSink& sink) {"]
@@ -252,7 +252,7 @@ def cxx_sources(parts: int) -> dict[str, str]:
 
 
 def _main(argv: list[str]) -> None:
-    """``python paddle_kernel_table.py --cxx DIR --parts N``: writes the table's C++ sources
+    """``python kernel_table.py --cxx DIR --parts N``: writes the table's C++ sources
     into DIR (each only when its text changed, so that an unchanged table recompiles nothing)."""
     import argparse
     from pathlib import Path

@@ -1,7 +1,7 @@
 """Paddle with anychip's devices in it, whichever of the two was imported first.
 
 Paddle loads CustomDevice plugins only once, at ``import paddle``, from $CUSTOM_DEVICE_ROOT
-(``paddle_root`` says what that folder holds and where it is). ``import_paddle`` imports Paddle
+(``root`` says what that folder holds and where it is). ``import_paddle`` imports Paddle
 from the folder that matches the devices and kernels registered now; when the script imported
 Paddle first (every PaddleNLP script does), it takes that Paddle as it is, with the devices
 ``pip install`` put in Paddle's own folder, and sets at run time what it would otherwise have
@@ -17,12 +17,13 @@ import sys
 import warnings
 from pathlib import Path
 
-from . import fallback, paddle_root
-from .errors import PaddleImportOrderError
-from .host_memory import keep_freed_host_memory
-from .host_threads import num_threads
-from .plugins import registry
-from .runtime.errors import AnychipError, DeviceOutOfMemoryError
+from ... import fallback
+from . import root as paddle_root
+from ...errors import PaddleImportOrderError
+from ...host_memory import keep_freed_host_memory
+from ...host_threads import num_threads
+from ...plugins import registry
+from ...runtime.errors import AnychipError, DeviceOutOfMemoryError
 
 _paddle = None
 _root: Path | None = None  # the $CUSTOM_DEVICE_ROOT this process's Paddle loaded
@@ -83,7 +84,7 @@ def _adopt(paddle):
         current = False
     if not current:
         print(f"anychip: the CustomDevice folder Paddle loaded ({_root}) does not match the anychip devices and "
-              "kernels installed now: run `python -m anychip.paddle_root` to update it, or import anychip "
+              "kernels installed now: run `python -m anychip.frontends.paddle.root` to update it, or import anychip "
               "before paddle", file=sys.stderr)
     return paddle
 
@@ -116,7 +117,7 @@ def _require_loaded(paddle, name: str, paddle_type: str) -> None:
         raise PaddleImportOrderError(
             f"device {name!r} (Paddle type {paddle_type}) is not among the CustomDevices Paddle loaded at "
             f"import from {_root}: Paddle was imported before anychip and its folder lacks this device (installed "
-            "since, or its runtime did not come up then). Run `python -m anychip.paddle_root` to update the "
+            "since, or its runtime did not come up then). Run `python -m anychip.frontends.paddle.root` to update the "
             "folder, or import anychip before paddle")
 
 
@@ -141,8 +142,8 @@ def device_error(exc: BaseException) -> AnychipError | None:
     found = _CUSTOM_DEVICE_STATUS.search(str(exc)) if isinstance(exc, OSError) else None
     if found is None:
         return None
-    from .runtime.open import open_runtime
-    from .selection import get_device
+    from ...runtime.open import open_runtime
+    from ...selection import get_device
 
     name = get_device().partition(":")[0]
     reason = open_runtime(name).last_error() or f"{name}: a device call failed ({found[0]})"

@@ -8,7 +8,7 @@ device with a Paddle type, the folder holds:
   ``libanychip_<name>.so.conf`` naming the device's runtime library (see bridge.cc);
 - ``kernels/libanychip_<name>_kernels.so``: a copy of the Paddle kernel library, and its
   ``.conf`` naming the Paddle kernels to register and the plugin kernels behind them
-  (paddle_kernels). In a subfolder, loaded by the device's bridge: Paddle takes every library
+  (``kernels``). In a subfolder, loaded by the device's bridge: Paddle takes every library
   of the folder itself for a runtime, and warns about each that is not.
 
 Copies, because the dynamic loader would hand every link to the same file the same single
@@ -27,9 +27,9 @@ import os
 import shutil
 from pathlib import Path
 
-from . import paddle_kernels
-from .native import cache_dir, library_path
-from .plugins import registry
+from . import kernels as paddle_kernels
+from ...native import cache_dir, library_path
+from ...plugins import registry
 
 PREFIX = "libanychip_"  # every file anychip owns in a CustomDevice folder starts with it
 KERNELS = "kernels"  # the subfolder of the devices' Paddle kernels, anychip's alone
@@ -49,7 +49,7 @@ def only_devices() -> frozenset[str] | None:
 def device_configs(only: frozenset[str] | None = None) -> dict[str, dict]:
     """Config of every device that has a Paddle type and whose runtime comes up here (only
     those ``only`` names, by default $ANYCHIP_PADDLE_DEVICES's, when set)."""
-    from .devices import describe
+    from ...devices import describe
 
     only = only_devices() if only is None else only
     configs = {}
@@ -192,9 +192,9 @@ def job_env(device: str) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m anychip.paddle_root [FOLDER]``: (re)writes the anychip files of Paddle's
+    """``python -m anychip.frontends.paddle.root [FOLDER]``: (re)writes the anychip files of Paddle's
     CustomDevice folder (or FOLDER), e.g. after installing a third-party plugin.
-    ``python -m anychip.paddle_root --job DEVICE``: prints the ``export`` lines that make a
+    ``python -m anychip.frontends.paddle.root --job DEVICE``: prints the ``export`` lines that make a
     ``python -m paddle.distributed.launch`` job run on DEVICE (``eval "$(...)"`` them)."""
     import shlex
     import sys
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--job"]:
         if len(argv) != 2:
-            print("usage: python -m anychip.paddle_root --job DEVICE", file=sys.stderr)
+            print("usage: python -m anychip.frontends.paddle.root --job DEVICE", file=sys.stderr)
             return 2
         for key, value in job_env(argv[1]).items():
             print(f"export {key}={shlex.quote(value)}")

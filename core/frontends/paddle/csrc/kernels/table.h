@@ -1,5 +1,5 @@
 // The rows of libanychip_paddle_kernels.so's registration table, as the generated table_*.cc
-// files (from core/paddle_kernel_table.py) declare them: per Paddle kernel, its name, the body
+// files (from core/frontends/paddle/kernel_table.py) declare them: per Paddle kernel, its name, the body
 // of its registration (e.g. an output dtype) and one instance of its wrapper per dtype.
 // loader.cc registers the rows (and dtypes) that its device's config names.
 #pragma once
@@ -22,7 +22,7 @@ struct Instance {
 struct Row {
   const char* name;
   phi::KernelArgsDefFn define;
-  std::vector<Instance> instances;  // one per dtype of paddle_kernel_table.CPP_TYPES
+  std::vector<Instance> instances;  // one per dtype of kernel_table.CPP_TYPES
 };
 
 using RowSink = std::function<void(const Row&)>;
