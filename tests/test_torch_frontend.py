@@ -3,6 +3,8 @@ backend tests check, fallbacks counted and refused in strict mode, and ops again
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -261,3 +263,60 @@ def test_fused_flashmask_attention_equals_its_dense_reference(e, causal):
     anychip.fallback.reset_fallbacks()
     _assert_attention_matches(torch.ops.anychip.flashmask_attention, (q, k, v), idx, causal)
     assert not anychip.fallback.fallback_counts()
+
+
+def test_conformance_through_torch_passes_every_op_torch_reaches():
+    from anychip import conformance
+
+    report = conformance.run(CHIP, sections=["op"], framework="torch", progress=False)
+    assert not report.failed, report.matrix_text()
+    assert report.framework == "torch" and "ops checked through PyTorch" in report.matrix_text()
+    checked = {r.name for r in report.results}
+    assert {"rms_norm", "attention", "flashmask_attention", "weight_only_linear", "w8a8_linear", "add",
+            "matmul", "cast", "softmax_grad", "embedding_grad"} <= checked
+    assert report.counts()["pass"] > 150 and report.counts()["fallback"] == 0
+    # what no PyTorch call reaches is named, with what runs instead, and not planned
+    assert not checked & {"linear", "decoder_step", "matmul_grad"}
+    assert any(n.startswith("not reached from torch: linear (F.linear runs ATen's addmm") for n in report.notes)
+    assert report.counts()["skipped"] == 0  # every planned op has cases PyTorch states
+
+
+def test_conformance_through_torch_catches_a_wrong_kernel_and_a_missing_backward(monkeypatch):
+    """exp on the chip computing sin (a wrong kernel) fails with its error; rms_norm without its
+    backward kernel is a fallback in the bwd column, counted as anychip::rms_norm_grad."""
+    from anychip import conformance
+    from anychip.plugins import registry
+
+    kernels = registry().kernels
+    exp, sin, norm = (kernels.find(op, CHIP, "float32") for op in ("exp", "sin", "rms_norm"))
+    table = dict(kernels._kernels)
+    table[("exp", CHIP, "float32")] = exp.__class__(exp.op, CHIP, ("float32",), sin.forward, None, ())
+    table[("rms_norm", CHIP, "float32")] = norm.__class__(norm.op, CHIP, ("float32",), norm.forward, None, ())
+    monkeypatch.setattr(kernels, "_kernels", table)
+    report = conformance.run(CHIP, sections=["op"], ops=["exp", "rms_norm"], dtypes=["float32"], framework="torch",
+                             progress=False)
+    status = {(r.name, r.direction): r for r in report.results}
+    assert status[("exp", "fwd")].status == "fail" and status[("exp", "fwd")].max_error > 0.1
+    assert "outside tolerance" in status[("exp", "fwd")].detail
+    assert status[("rms_norm", "fwd")].status == "pass"
+    assert status[("rms_norm", "bwd")].status == "fallback"
+    assert "anychip::rms_norm_grad" in status[("rms_norm", "bwd")].detail
+    assert report.exit_code == 1
+
+
+def test_conformance_cli_runs_through_torch_and_refuses_what_torch_cannot():
+    import subprocess
+    import sys
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "anychip.cli.main", "conformance", *args], capture_output=True,
+                              text=True, timeout=300)
+
+    run = cli("--device", "xpu", "--framework", "torch", "--ops", "swiglu,matmul")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "xpu (simulated)" in run.stdout and "ops checked through PyTorch" in run.stdout
+    assert re.search(r"\nswiglu +pass +pass", run.stdout) and "Runtime contract" in run.stdout
+    refused = cli("--device", "npu", "--framework", "torch", "--sections", "e2e")
+    assert refused.returncode == 2 and "e2e cannot run through torch" in refused.stderr
+    refused = cli("--device", "cpu", "--framework", "torch")
+    assert refused.returncode == 2 and "PyTorch's own 'cpu' device" in refused.stderr

@@ -21,6 +21,11 @@ Check that a device keeps anychip's contracts, the way a chip vendor validates a
            simulator's staging slot, in place and not; groups, send/recv order, a missing
            rank's timeout; a plugin without collectives is reported skipped, not failed
 
+--framework torch runs the op section through PyTorch instead of Paddle: the same cases, through
+torch.ops.anychip.<op> for the fused ops and the ATen call that runs each base op's kernel (torch.add,
+x.to(dtype), x @ y, ...) on PyTorch's anychip device, against the same call on torch's CPU; the
+notes name the ops no PyTorch call reaches. Its sections are runtime and op (e2e is Paddle's).
+
 Reading the op matrix (one row per op, a column per dtype and direction):
   pass          every sample case within tolerance
   FAIL 3.1e-02  out of tolerance, with the largest |error| seen (or "FAIL raised": the kernel
@@ -41,6 +46,7 @@ examples:
   anychip conformance --device mychip --ops rms_norm,attention --dtypes bfloat16 --skip e2e
   anychip conformance --device npu --out conformance-npu/   # conformance.json + conformance.md
   anychip conformance --device npu --sections collectives
+  anychip conformance --device npu --framework torch          # the op checks through PyTorch
   pytest --anychip-device=mychip                             # the same checks as pytest items"""
 
 
@@ -88,6 +94,8 @@ def add_parser(sub, common):
                    help="leave out sections: runtime, op, e2e, collectives")
     p.add_argument("--sections", type=_names("section", _known_sections), metavar="SECTION[,SECTION...]",
                    help="run these sections (default: runtime,op,e2e; collectives runs only when named here)")
+    p.add_argument("--framework", choices=("paddle", "torch"), default="paddle",
+                   help="run the op checks through this framework (default: paddle; torch needs PyTorch installed)")
     p.add_argument("--out", type=Path, metavar="DIR", help="also write conformance.json and conformance.md to DIR")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of the matrix")
 
@@ -103,8 +111,18 @@ def run(args) -> int:
     except ValueError as exc:  # unknown, out of range or unavailable here
         print(f"anychip conformance: error: --device {device}: {exc}", file=sys.stderr)
         return 2
-    sections = [s for s in (args.sections or conformance.DEFAULT_SECTIONS) if s not in args.skip]
-    report = conformance.run(device, ops=args.ops, dtypes=args.dtypes, sections=sections)
+    sections = [s for s in (args.sections or conformance.default_sections(args.framework)) if s not in args.skip]
+    try:
+        conformance.check_sections(sections, args.framework)
+        if args.framework == "torch":
+            from ..runtime.open import parse_device
+            from ..torch import enable
+
+            enable(parse_device(device)[0])
+    except (ValueError, ImportError, RuntimeError) as exc:  # a section torch cannot run, no torch, the cpu
+        print(f"anychip conformance: error: --framework {args.framework}: {exc}", file=sys.stderr)
+        return 2
+    report = conformance.run(device, ops=args.ops, dtypes=args.dtypes, sections=sections, framework=args.framework)
     print(report.as_json() if args.json else report.matrix_text())
     if args.out is not None:
         json_path, md_path = report.write(args.out)

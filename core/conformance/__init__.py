@@ -25,18 +25,41 @@ from .result import FAIL, FALLBACK, NOT_DECLARED, PASS, SKIPPED, Result
 
 SECTIONS = ("runtime", "op", "e2e", "collectives")
 DEFAULT_SECTIONS = ("runtime", "op", "e2e")
+# The frameworks the op section runs through, and the sections each can run: the e2e entry points
+# are Paddle workloads, the runtime and collectives checks use no framework.
+FRAMEWORKS = {"paddle": SECTIONS, "torch": ("runtime", "op", "collectives")}
 ENTRY_POINT_GROUP = "anychip.conformance"
 
-__all__ = ["DEFAULT_SECTIONS", "ENTRY_POINT_GROUP", "FAIL", "FALLBACK", "NOT_DECLARED", "PASS", "SECTIONS", "SKIPPED",
-           "Result", "check_sections", "e2e_checks", "run", "run_collectives", "run_e2e", "run_runtime"]
+__all__ = ["DEFAULT_SECTIONS", "ENTRY_POINT_GROUP", "FAIL", "FRAMEWORKS", "FALLBACK", "NOT_DECLARED", "PASS", "SECTIONS", "SKIPPED",
+           "Result", "check_sections", "default_sections", "e2e_checks", "run", "run_collectives", "run_e2e", "run_runtime"]
 
 
-def check_sections(sections) -> tuple[str, ...]:
+def check_sections(sections, framework: str = "paddle") -> tuple[str, ...]:
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"framework: unknown framework {framework!r}; choose from {', '.join(FRAMEWORKS)}")
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
         raise ValueError(f"sections: unknown section(s) {', '.join(map(repr, unknown))}; "
                          f"choose from {', '.join(SECTIONS)}")
+    beyond = [s for s in sections if s not in FRAMEWORKS[framework]]
+    if beyond:
+        raise ValueError(f"sections: {', '.join(beyond)} cannot run through {framework} (the e2e checks are the "
+                         "anychip.conformance entry points' Paddle workloads); with framework "
+                         f"{framework} choose from {', '.join(FRAMEWORKS[framework])}")
     return tuple(sections)
+
+
+def default_sections(framework: str = "paddle") -> tuple[str, ...]:
+    return tuple(s for s in DEFAULT_SECTIONS if s in FRAMEWORKS.get(framework, ()))
+
+
+def _op_driver(framework: str):
+    """The module whose ``plan`` and ``check_op`` run the op section through ``framework``."""
+    if framework == "torch":
+        from ..frontends.torch import conformance as driver
+    else:
+        from . import op_checks as driver
+    return driver
 
 
 def _failure(section: str, name: str, what: str, exc: BaseException) -> Result:
@@ -117,19 +140,22 @@ def _terminal_stderr(wanted: bool):
         yield stream
 
 
-def run(device: str, ops=None, dtypes=None, sections=DEFAULT_SECTIONS, progress: bool = True):
-    """Runs the chosen ``sections`` on ``device`` ("npu", "npu:1") and returns a
-    :class:`~anychip.conformance.report.Report`. ``ops`` and ``dtypes`` limit the op checks.
-    Progress goes to stderr (with tqdm, when that is a terminal). Raises ValueError for an
-    unknown or unavailable device, op, dtype or section before anything runs."""
+def run(device: str, ops=None, dtypes=None, sections=None, progress: bool = True, framework: str = "paddle"):
+    """Runs the chosen ``sections`` (default :func:`default_sections`) on ``device`` ("npu",
+    "npu:1") and returns a :class:`~anychip.conformance.report.Report`. ``ops`` and ``dtypes``
+    limit the op checks, which run through ``framework`` ("paddle", or "torch": PyTorch's
+    ``anychip`` device bound to the device's chip). Progress goes to stderr (with tqdm, when that
+    is a terminal). Raises ValueError for an unknown or unavailable device, op, dtype, section or
+    framework before anything runs."""
     from tqdm import tqdm
 
-    from .op_checks import check_op, plan, resolve_device
+    from .op_checks import resolve_device
     from .report import Report
 
-    sections = check_sections(sections)
+    sections = check_sections(default_sections(framework) if sections is None else sections, framework)
     resolve_device(device)
-    pairs = plan(ops, dtypes) if "op" in sections else []
+    driver = _op_driver(framework) if "op" in sections else None
+    pairs = driver.plan(ops, dtypes) if driver else []
     entry_points = e2e_checks() if "e2e" in sections else []
     steps = ([("runtime", None)] if "runtime" in sections else []) + [("op", p) for p in pairs]
     steps += [("e2e", ep) for ep in entry_points]
@@ -146,8 +172,11 @@ def run(device: str, ops=None, dtypes=None, sections=DEFAULT_SECTIONS, progress:
                 results += run_collectives(device)
             elif section == "op":
                 bar.set_postfix_str(" ".join(what))
-                results += check_op(device, *what)
+                results += driver.check_op(device, *what)
             else:
                 bar.set_postfix_str(what.name)
                 results += run_e2e(device, what)
-    return Report.of(device, results)
+    unreached = getattr(driver, "UNREACHED", {})
+    notes = [f"not reached from {framework}: {op} ({why})" for op, why in unreached.items()
+             if not ops or op in ops]
+    return Report.of(device, results, framework, notes)

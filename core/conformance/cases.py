@@ -527,6 +527,8 @@ def _base_case(op, label, inputs, attrs=(), out_dtype=None, out_shape=None):
 
     attrs = [float(a) for a in attrs]
     extra = {"out_dtype": out_dtype} if out_dtype else {}
+    if out_shape:
+        extra["out_shape"] = list(out_shape)
     return Case(label, inputs, functools.partial(_base_call, op, attrs, out_dtype, out_shape),
                 functools.partial(_base_reference, op, attrs, out_dtype, out_shape), BASE_OPS[op].outputs,
                 dict({"attrs": attrs} if attrs else {}, **extra))

@@ -91,7 +91,6 @@ def check_op(device: str, op: str, dtype: str) -> list[Result]:
     kernel) or PASS."""
     from ..plugins import registry
     from ..runtime.open import parse_device
-    from .cases import base_cases, cases
 
     name, index = parse_device(device)
     kernel = registry().kernels.find(op, name, dtype)
@@ -99,11 +98,24 @@ def check_op(device: str, op: str, dtype: str) -> list[Result]:
         detail = (f"{name} registers no {op} kernel for {dtype}, so the op runs its Paddle reference there "
                   "(a counted fallback)")
         return [Result("op", op, NOT_DECLARED, dtype, d, detail=detail) for d in directions(op)]
+    return tally(op, dtype, lambda case: _run_case(case, (name, index), op, dtype))
+
+
+def sample_cases(op: str, dtype: str) -> list:
+    """The sample cases of ``op`` (fused or base) in ``dtype``."""
+    from .cases import base_cases, cases
+
+    return base_cases(op, dtype) if op in BASE_SPECS else cases(op, dtype)
+
+
+def tally(op: str, dtype: str, run_case) -> list[Result]:
+    """One Result per direction: ``run_case(case)`` ({direction: (status, max |error|,
+    detail)}, as :func:`outcomes` makes it) of every sample case, folded."""
     tallies = {d: _Tally(op, dtype, d) for d in directions(op)}
-    all_cases = base_cases(op, dtype) if op in BASE_SPECS else cases(op, dtype)
+    all_cases = sample_cases(op, dtype)
     for number, case in enumerate(all_cases, 1):
         where = f"case {number}/{len(all_cases)} '{case.label}' ({case.describe()})"
-        for direction, outcome in _run_case(case, (name, index), op, dtype).items():
+        for direction, outcome in run_case(case).items():
             tallies[direction].add(where, *outcome)
     return [t.result() for t in tallies.values()]
 
@@ -173,7 +185,7 @@ def _host(t) -> np.ndarray | None:
     return a.astype(np.float64) if a.dtype.kind == "f" else a
 
 
-def _error_text(exc: BaseException) -> str:
+def error_text(exc: BaseException) -> str:
     """The exception on one line (Paddle's span several), so each case keeps one line."""
     return " ".join(f"{type(exc).__name__}: {exc}".split())
 
@@ -192,7 +204,7 @@ def _evaluate(fn, case, inputs, seeds, device, dtype, backward):
         outs = tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
         host_outs = [_host(o) for o in outs]
     except Exception as exc:  # noqa: BLE001 - a broken kernel must not stop the run
-        return None, None, _error_text(exc), ""
+        return None, None, error_text(exc), ""
     if case.host_outputs is not None:
         host_outs = case.host_outputs(host_outs)
     if not backward:
@@ -203,7 +215,7 @@ def _evaluate(fn, case, inputs, seeds, device, dtype, backward):
                               allow_unused=True)
         grads = {n: _host(g) for n, g in zip(case.grads, found)}
     except Exception as exc:  # noqa: BLE001
-        return host_outs, None, "", _error_text(exc)
+        return host_outs, None, "", error_text(exc)
     return host_outs, grads, "", ""
 
 
@@ -221,15 +233,26 @@ def _run_case(case, device, op, dtype) -> dict[str, tuple[str, float | None, str
     counts = anychip.fallback_counts()
     want, want_grads, ref_error, ref_grad_error = _evaluate(case.reference, case, inputs, seeds, ("cpu", 0),
                                                             "float32", backward)
-    outcome = {"fwd": _forward_outcome(case, spec, dtype, device, got, want, fwd_error, ref_error, counts)}
-    if "bwd" in directions(op):
+    forward_fallback = _fallback_detail(counts, device, op, dtype, "", "the forward")
+    backward_fallback = (_fallback_detail(counts, device, op, dtype, "_grad", "the backward")
+                         or _fallback_detail(counts, device, op, dtype, "", "the forward (and so the backward)"))
+    return outcomes(case, spec, dtype, backward, (got, want, fwd_error, ref_error, forward_fallback),
+                    (got_grads, want_grads, bwd_error, ref_error or ref_grad_error, backward_fallback))
+
+
+def outcomes(case, spec, dtype, backward: bool, forward: tuple, gradients: tuple):
+    """{direction: (status, max |error|, detail)} of one case, from what a framework's driver
+    ran: ``forward`` is (outputs, reference outputs, error text, reference's error text,
+    fallback detail) as host arrays, ``gradients`` the same of {input: gradient}."""
+    fwd_error = forward[2]
+    outcome = {"fwd": _forward_outcome(case, spec, dtype, *forward)}
+    if spec.backward:
         if not backward:
             outcome["bwd"] = (SKIPPED, None, "forward only (no input takes a gradient in this case)")
         elif fwd_error:
             outcome["bwd"] = (SKIPPED, None, "not run: the forward raised")
         else:
-            outcome["bwd"] = _backward_outcome(case, spec, dtype, device, got_grads, want_grads, bwd_error,
-                                               ref_error or ref_grad_error, counts)
+            outcome["bwd"] = _backward_outcome(case, spec, dtype, *gradients)
     return outcome
 
 
@@ -241,7 +264,7 @@ def _fallback_detail(counts, device, op, dtype, suffix, what):
             f"anychip.{op}{suffix} fallbacks)")
 
 
-def _forward_outcome(case, spec, dtype, device, got, want, error, ref_error, counts):
+def _forward_outcome(case, spec, dtype, got, want, error, ref_error, fell_back):
     if ref_error:
         return FAIL, None, f"the reference raised (a bug in the conformance case, not the kernel): {ref_error}"
     if error:
@@ -250,13 +273,12 @@ def _forward_outcome(case, spec, dtype, device, got, want, error, ref_error, cou
     worst, problems = _compare_all(zip(case.outputs, got, want), rtol, atol, "output")
     if problems:
         return FAIL, worst, problems
-    fell_back = _fallback_detail(counts, device, spec.name, dtype, "", "the forward")
     if fell_back:
         return FALLBACK, worst, fell_back
     return PASS, worst, ""
 
 
-def _backward_outcome(case, spec, dtype, device, got, want, error, ref_error, counts):
+def _backward_outcome(case, spec, dtype, got, want, error, ref_error, fell_back):
     if ref_error:
         return FAIL, None, f"the reference raised (a bug in the conformance case, not the kernel): {ref_error}"
     if error:
@@ -267,8 +289,6 @@ def _backward_outcome(case, spec, dtype, device, got, want, error, ref_error, co
                                    rtol * scale, atol * scale, "")
     if problems:
         return FAIL, worst, problems
-    fell_back = (_fallback_detail(counts, device, spec.name, dtype, "_grad", "the backward")
-                 or _fallback_detail(counts, device, spec.name, dtype, "", "the forward (and so the backward)"))
     if fell_back:
         return FALLBACK, worst, fell_back
     return PASS, worst, ""

@@ -21,6 +21,8 @@ from pathlib import Path
 from .result import FAIL, FALLBACK, NOT_DECLARED, PASS, SKIPPED, STATUSES, Result
 
 DIRECTIONS = ("fwd", "bwd")
+FRAMEWORK_NAMES = {"paddle": "Paddle", "torch": "PyTorch (torch.ops.anychip and ATen on the anychip device)"}
+FALLBACK_WORDS = {"paddle": "run their Paddle reference", "torch": "run on PyTorch's CPU"}
 NOT_PART = "·"
 SECTION_TITLES = {"runtime": "Runtime contract (device.h)", "e2e": "End to end",
                   "collectives": "Collectives (device.h ABI 1.2)"}
@@ -46,7 +48,8 @@ def _finite(value):
 class Report:
     """``device`` as checked ("npu", "npu:1"); ``simulated``: it runs on anychip's simulator;
     ``plugin``: the ``anychip.plugins`` entry point that provides it, ``package`` the
-    distribution (and version) that installed that plugin."""
+    distribution (and version) that installed that plugin. ``framework``: what the op checks ran
+    through ("paddle" or "torch"); ``notes``: lines about what was left out and why."""
 
     device: str
     results: list[Result]
@@ -56,9 +59,11 @@ class Report:
     package: str = ""
     date: str = field(default_factory=lambda: datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
     anychip_version: str = ""
+    framework: str = "paddle"
+    notes: list[str] = field(default_factory=list)
 
     @classmethod
-    def of(cls, device: str, results: list[Result]) -> Report:
+    def of(cls, device: str, results: list[Result], framework: str = "paddle", notes=()) -> Report:
         """A report with what anychip knows about ``device`` filled in."""
         from importlib.metadata import entry_points
 
@@ -74,7 +79,7 @@ class Report:
                 package = f"{ep.dist.name} {ep.dist.version}"
         description = info.description + (f" ({info.model})" if info.model else "")
         return cls(device, list(results), info.status == "simulated", description, info.plugin, package,
-                   anychip_version=__version__)
+                   anychip_version=__version__, framework=framework, notes=list(notes))
 
     # ---- verdict ----------------------------------------------------------------------------
 
@@ -122,6 +127,8 @@ class Report:
         if self.plugin:
             lines.append(f"plugin: {self.plugin}" + (f" (package {self.package})" if self.package else ""))
         lines.append(f"anychip {self.anychip_version}, {self.date}" if self.anychip_version else self.date)
+        if self.framework != "paddle":
+            lines.append(f"ops checked through {FRAMEWORK_NAMES.get(self.framework, self.framework)}")
         return lines
 
     def _notes(self, status: str) -> list[Result]:
@@ -172,8 +179,10 @@ class Report:
         pairs = {(r.name, r.dtype) for r in self._notes(NOT_DECLARED)}
         if pairs:
             lines.append(f"Not declared (—): {self.device} registers no kernel for {len(pairs)} op/dtype pair(s); "
-                         "there those ops run their Paddle reference, counted as fallbacks.")
+                         f"there those ops {FALLBACK_WORDS.get(self.framework, 'fall back')}, counted as fallbacks.")
             lines.append("")
+        if self.notes:
+            lines += ["Notes:", *(f"  {n}" for n in self.notes), ""]
         if rows:
             lines.append(f"Legend: {LEGEND}")
         lines.append(self.verdict())
@@ -210,13 +219,16 @@ class Report:
                     out.append(f"- **{esc(self._what(r))}**: {esc(first)}")
                     out += [f"  - {esc(line)}" for line in more]
                 out.append("")
+        if self.notes:
+            out += ["## Notes", "", *(f"- {esc(n)}" for n in self.notes), ""]
         return "\n".join(out)
 
     def as_dict(self) -> dict:
         return {
             "device": self.device, "simulated": self.simulated, "description": self.description,
             "plugin": self.plugin, "package": self.package, "date": self.date,
-            "anychip_version": self.anychip_version, "passed": not self.failed, "counts": self.counts(),
+            "anychip_version": self.anychip_version, "framework": self.framework, "notes": self.notes,
+            "passed": not self.failed, "counts": self.counts(),
             "results": [{k: _finite(v) for k, v in r.as_dict().items()} for r in self.results],
         }
 

@@ -107,7 +107,10 @@ swiglu.register_autograd(_swiglu_backward, setup_context=_swiglu_setup)
 
 def _rotate(x: torch.Tensor, positions: torch.Tensor, theta: float, sign: float) -> torch.Tensor:
     d = x.shape[-1]
-    freqs = positions[..., None].float() * theta ** (-torch.arange(0, d // 2, device=x.device).float() * 2 / d)
+    # 1 / theta^(2i/d) as kernel.h, Paddle's reference and transformers write it (theta^(-2i/d)
+    # rounds differently: 5e-5 apart at position 300)
+    inv_freq = 1.0 / theta ** (torch.arange(0, d, 2, device=x.device).float() / d)
+    freqs = positions[..., None].float() * inv_freq
     cos, sin = torch.cos(freqs)[:, :, None, :], sign * torch.sin(freqs)[:, :, None, :]
     a, b = x[..., : d // 2].float(), x[..., d // 2:].float()
     return torch.cat([a * cos - b * sin, b * cos + a * sin], -1).to(x.dtype)
