@@ -347,23 +347,35 @@ def _partials_fold(cx: CExpr, names: dict, indent: str, guard: str | None = None
     return out
 
 
+# Rows longer than this sum in double lanes, shorter ones in float. In float each of 16 lanes x 4
+# quarters sums len/64 terms one after another: over 49152 uniform values a sum lost 1.1e-7
+# relative (double: 3e-8), and SmolLM2's training loss, a cross-entropy over its 49152-word
+# vocabulary, 1.3e-6 from float64 (double: 2e-7; tests/test_torch_transformers.py). Double lanes
+# cost a conversion per element: RMSNorm [512, 576] in cache took 1.46x the hand-written kernel's
+# time instead of 1.21x, for accuracy it does not need (9 terms a lane). Chosen per call from the
+# row length, the same way on both paths, so that their sums stay the same.
+WIDE_LEN = 4096
+
+
+def _wide_alias() -> str:
+    """Inside a lambda with an `auto wide` (std::integral_constant<bool, ...>) parameter: S, the
+    type of a sum's lane partials (a max's are float: it is exact)."""
+    return "    using S = std::conditional_t<decltype(wide)::value, double, float>;"
+
+
 def _partial_type(red) -> str:
-    """The type of a reduction's lane partials: a sum accumulates in double. In float32 each of
-    16 lanes x 4 quarters summed len/64 terms one after another: a softmax over a 49152-word
-    vocabulary lost 1.6e-6 (torch's CPU, 1.1e-7), and a training step's gradients 3e-4. Double
-    lanes cost a conversion per element in loops that wait on memory. A max is exact in float."""
-    return "double" if red.op == "sum" else "float"
+    return "S" if red.op == "sum" else "float"
 
 
 def _lanes_sum(red, nm: str, lanes: str, indent: str, declare: bool) -> list[str]:
     """The reduction `nm` (a float) of 16 lane values `lanes` ("<array>[j]"), lane after lane
-    in the lanes' type."""
+    in the lanes' type (S: _wide_alias)."""
     first, each = lanes.replace("[j]", "[0]"), lanes
     if red.op != "sum":
         return [f"{indent}{'float ' if declare else ''}{nm} = {first};",
                 f"{indent}for (int j = 1; j < 16; ++j) {nm} = acg::vmax({nm}, {each});"]
     return [f"{indent}{{",
-            f"{indent}  double lanes = {first};",
+            f"{indent}  S lanes = {first};",
             f"{indent}  for (int j = 1; j < 16; ++j) lanes += {each};",
             f"{indent}  {nm} = static_cast<float>(lanes);",
             f"{indent}}}"] if not declare else [
@@ -419,6 +431,7 @@ def render_rows(kernel: ir.Rows, fn: str) -> str:
               "  const int64_t len = R.len;",
               "  const int64_t quarters = len % 64 == 0 ? 4 : 1, qlen = len / quarters;  // (see _partials_reset)",
               "  const float row_len = static_cast<float>(len);",
+              f"  const bool wide = len > {WIDE_LEN};  // (see WIDE_LEN)",
               "  const int nt = acg::threads(call);"]
     col_sums = [k for k, o in enumerate(outs) if o.role == "col_sum"]
 
@@ -439,8 +452,9 @@ def render_rows(kernel: ir.Rows, fn: str) -> str:
                 f": decltype(acg::load(p{i}[0]))(0); }}({pos})")
 
     computed: dict[ir.Reduce, str] = {}
-    body = ["  auto row = [&](int64_t r, auto flat, float* colsum) {",
+    body = ["  auto row = [&](int64_t r, auto flat, auto wide, float* colsum) {",
             "    constexpr int F = decltype(flat)::value;  // 2: unit steps, 1: one strided dim, 0: any",
+            _wide_alias(), "    (void)wide;",
             "    (void)colsum;",
             *[f"    const int64_t b{i} = R.row_offset(st{i}, r);" for i, a in enumerate(ins) if a.role == "row"],
             *[f"    const int64_t c{k} = R.row_offset(su{k}, r);" for k, o in enumerate(outs) if o.role == "row"]]
@@ -540,9 +554,11 @@ def render_rows(kernel: ir.Rows, fn: str) -> str:
     unit = " && ".join(f"R.step({st}) == 1" for st in steps) or "true"
     # Rows of unit step (the common, contiguous case) get loops the compiler can vectorise.
     lines.append(f"  const bool unit = R.row_rank <= 1 && {unit};")
-    dispatch = ("if (unit) row(r, std::integral_constant<int, 2>{}, cs); "
-                "else if (R.row_rank <= 1) row(r, std::integral_constant<int, 1>{}, cs); "
-                "else row(r, std::integral_constant<int, 0>{}, cs);")
+    flat = ("if (unit) row(r, std::integral_constant<int, 2>{{}}, {w}, cs); "
+            "else if (R.row_rank <= 1) row(r, std::integral_constant<int, 1>{{}}, {w}, cs); "
+            "else row(r, std::integral_constant<int, 0>{{}}, {w}, cs);")
+    dispatch = (f"if (wide) {{ {flat.format(w='std::true_type{}')} }} "
+                f"else {{ {flat.format(w='std::false_type{}')} }}")
     if col_sums:
         # Fixed row blocks summed in block order: the result does not depend on the thread count.
         lines += ["  const int64_t blocks = R.rows < 64 ? (R.rows > 0 ? R.rows : 1) : 64;",
@@ -653,8 +669,9 @@ def _pipelined(kernel: ir.Rows) -> list[str]:
 
     per_element = [(k, outs[k]) for k in row_outs]
     row_in = [i for i, a in enumerate(ins) if a.role == "row"]
-    lines = ["  auto pipelined = [&](int64_t r0, int64_t r1, auto nq) {",
+    lines = ["  auto pipelined = [&](int64_t r0, int64_t r1, auto nq, auto wide) {",
              "    constexpr int64_t quarters = decltype(nq)::value;  // a constant: the partials stay in registers",
+             _wide_alias(),
              "    const int64_t qlen = len / quarters;",
              *[f"    {_partial_type(red)} {nm}_p[4][16];\n    float {nm} = 0.0f;" for red, nm in names.items()],
              "    if (r0 >= r1) return;",
@@ -680,8 +697,12 @@ def _pipelined(kernel: ir.Rows) -> list[str]:
               "    {",
               "      const int t = omp_get_thread_num(), tn = omp_get_num_threads();",
               "      const int64_t r0 = acg::part(R.rows, tn, t), r1 = acg::part(R.rows, tn, t + 1);",
-              "      if (quarters == 4) pipelined(r0, r1, std::integral_constant<int64_t, 4>{});",
-              "      else pipelined(r0, r1, std::integral_constant<int64_t, 1>{});",
+              "      using Q4 = std::integral_constant<int64_t, 4>;",
+              "      using Q1 = std::integral_constant<int64_t, 1>;",
+              "      if (quarters == 4 && wide) pipelined(r0, r1, Q4{}, std::true_type{});",
+              "      else if (quarters == 4) pipelined(r0, r1, Q4{}, std::false_type{});",
+              "      else if (wide) pipelined(r0, r1, Q1{}, std::true_type{});",
+              "      else pipelined(r0, r1, Q1{}, std::false_type{});",
               "    }",
               "    return ANYCHIP_OK;",
               "  }"]
