@@ -14,7 +14,8 @@ latency ((last content chunk - first) / (tokens - 1)), tokens. Per C: output tok
 wall time from the first request sent to the last one done), p50/p95 of TTFT and per-token
 latency, the mean decode batch the server saw (its decode-step counter), and who used the CPUs
 meanwhile (server, clients, other processes: the clients share the machine). Target (reported,
-not asserted): with 16 clients, output tok/s >= 3x the sequential (C = 1) tok/s. At the end the
+not asserted): with 16 clients, output tok/s >= 5x the sequential (C = 1) tok/s, on a CPU without AMX
+(the default server decodes steps of 2+ requests with int8 activations, AVX-512 VNNI there). At the end the
 server's /metrics must count exactly the completion and prompt tokens the clients received
 (a consistency check that fails the run).
 
@@ -57,7 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # serve_helpers.Server
 
 TARGET_CLIENTS = 16
-TARGET_RATIO = 3.0
+TARGET_RATIO = 5.0
 PROMPT_ROOM = 128  # tokens of --max-len kept for the prompt (chat template included): ~50 with smollm2
 SIMULATED_NOTE = "simulated: host CPU speed, not the chip's"
 
@@ -293,6 +294,8 @@ def render_table(rows: list[dict], meta: dict) -> str:
              "",
              f"Streaming chat completions, greedy, max_tokens {meta['max_tokens']}, {meta['requests']} requests per "
              f"row; output tok/s = completion tokens / wall time; {meta.get('date', '')}".rstrip("; "),
+             *([f"", f"CPU: {host['cpu']}, {host['logical_cpus']} logical CPUs, int8 units: {host['int8_units']}"
+                f" (ANYCHIP_CPU_ISA: {host['anychip_cpu_isa']})"] if (host := meta.get("host")) else []),
              "",
              "| " + " | ".join(head) + " |",
              "|" + "|".join("---:" for _ in head) + "|"]
@@ -438,16 +441,21 @@ class CpuMeter:
 
 
 def host_info() -> dict:
-    cpu = platform.processor() or platform.machine()
+    cpu, flags = platform.processor() or platform.machine(), set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 cpu = line.partition(":")[2].strip()
-                break
+            elif line.startswith("flags") and not flags:
+                flags = set(line.partition(":")[2].split())
     except OSError:
         pass
+    # The target is for CPUs without AMX: which int8 units this one has, and any cap on them
+    units = [u for u, flag in (("AMX", "amx_int8"), ("AVX-512 VNNI", "avx512_vnni"), ("AVX-VNNI", "avx_vnni"))
+             if flag in flags]
     info = {"cpu": cpu, "logical_cpus": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version()}
+            "python": platform.python_version(), "int8_units": ", ".join(units) or "none",
+            "anychip_cpu_isa": os.environ.get("ANYCHIP_CPU_ISA", "(best)")}
     if hasattr(os, "getloadavg"):
         info["loadavg_1m_at_start"] = round(os.getloadavg()[0], 2)
     return info

@@ -17,17 +17,21 @@ def _nll(logits: np.ndarray, targets: np.ndarray) -> float:
     return float((logz - logits[np.arange(len(targets)), targets]).sum())
 
 
+def _windows(ids: list[int], window: int) -> list[np.ndarray]:
+    """Consecutive windows of ``window`` scored tokens (each a fresh context), every window with
+    the token before its first scored one."""
+    if len(ids) < 2:
+        raise ValueError(f"perplexity needs at least 2 tokens, got {len(ids)}")
+    chunks = [np.asarray(ids[start:start + window + 1], dtype=np.int64) for start in range(0, len(ids) - 1, window)]
+    return [c for c in chunks if len(c) >= 2]
+
+
 def _windowed(ids: list[int], window: int, logits_of, progress=None) -> float:
     """exp of the mean NLL over consecutive windows of ``window`` tokens (each a fresh context);
     ``logits_of(chunk)`` gives the logits [T - 1, V] predicting chunk[1:] from chunk [T]."""
-    if len(ids) < 2:
-        raise ValueError(f"perplexity needs at least 2 tokens, got {len(ids)}")
     nll, count = 0.0, 0
     with paddle.no_grad():
-        for start in range(0, len(ids) - 1, window):
-            chunk = np.asarray(ids[start:start + window + 1], dtype=np.int64)
-            if len(chunk) < 2:
-                break
+        for chunk in _windows(ids, window):
             nll += _nll(logits_of(chunk), chunk[1:])
             count += len(chunk) - 1
             if progress is not None:
@@ -48,23 +52,38 @@ def perplexity(model: LlamaForCausalLM, ids: list[int], window: int = 512) -> fl
     return _windowed(ids, window, logits_of)
 
 
-def decode_perplexity(model: LlamaForCausalLM, ids: list[int], window: int = 512, progress=None) -> float:
+def decode_perplexity(model: LlamaForCausalLM, ids: list[int], window: int = 512, progress=None,
+                      batch: int = 1) -> float:
     """Perplexity as generation computes it: each window's first token prefilled, then every
     next token's logits from one decode step through the KV cache (the fused decoder_step where
-    the device has it), fed the text's own tokens. ``progress(n)`` is told of each n tokens."""
+    the device has it), fed the text's own tokens. ``batch`` windows decode side by side, one
+    step for all of them, as a server's running requests do (a model with ``batch_int8`` then
+    takes its int8 path). ``progress(n)`` is told of each n tokens."""
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
     dev = place(model.device)
-
-    def logits_of(chunk):
-        cache = model.new_cache(1, len(chunk))
-        logits = [model(paddle.to_tensor(chunk[None, :1], place=dev), paddle.to_tensor([[0]], place=dev),
-                        cache).numpy()[0, -1]]
-        for pos in range(1, len(chunk) - 1):
-            step = model.decode(paddle.to_tensor(chunk[pos:pos + 1], place=dev),
-                                paddle.to_tensor(np.array([pos], np.int64), place=dev), cache)
-            logits.append(step.numpy()[0])
-        return np.stack(logits)
-
-    return _windowed(ids, window, logits_of, progress)
+    chunks = _windows(ids, window)
+    nll, count = 0.0, 0
+    with paddle.no_grad():
+        for g in range(0, len(chunks), batch):
+            group = chunks[g:g + batch]
+            cache = model.new_cache(len(group), max(len(c) for c in group))
+            first = model(paddle.to_tensor(np.stack([c[:1] for c in group]), place=dev),
+                          paddle.to_tensor(np.zeros((len(group), 1), np.int64), place=dev), cache).numpy()[:, -1]
+            logits = [[first[b]] for b in range(len(group))]
+            for pos in range(1, max(len(c) for c in group) - 1):
+                live = [b for b, c in enumerate(group) if pos < len(c) - 1]
+                step = model.decode(paddle.to_tensor(np.array([group[b][pos] for b in live]), place=dev),
+                                    paddle.to_tensor(np.full(len(live), pos, np.int64), place=dev), cache,
+                                    cache_rows=live).numpy()
+                for j, b in enumerate(live):
+                    logits[b].append(step[j])
+            for b, c in enumerate(group):
+                nll += _nll(np.stack(logits[b]), c[1:])
+                count += len(c) - 1
+                if progress is not None:
+                    progress(len(c) - 1)
+    return float(np.exp(nll / count))
 
 
 def choice_logliks(model: LlamaForCausalLM, tokenizer, context: str, choices: list[str],

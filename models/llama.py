@@ -10,6 +10,7 @@ import numpy as np
 import anychip.ops as ops
 from anychip import fallback
 from anychip.ops.dispatch import place
+from anychip.ops.quant import x_int8_fits
 from anychip.frontends.paddle import import_paddle
 from anychip.plugins import registry
 
@@ -67,6 +68,12 @@ class LlamaForCausalLM(paddle.nn.Layer):
     linear (some left float), since the fused step takes one format per kind. ``a8w8`` says
     whether the model has A8W8 linears.
 
+    ``batch_int8``: the fused decode step takes ``x_int8`` for steps of two or more sequences
+    only; one sequence decodes exactly. Several rows of x are where int8 pays: the weights are
+    unpacked once for all of them and summed with int8 dot products (serving's default), while
+    a single row is bound by reading the weights either way. Where the quantized linears cannot
+    take int8 x, every step is exact.
+
     ``bf16``: the linears multiply in bfloat16, float32 sums (AMX tiles where the CPU has them):
     prefill rounds each linear's input to bfloat16 (``compute_dtype``), and the fused decode step
     reads bfloat16 copies of the weights, made here (dequantized, then rounded to nearest; 2
@@ -89,14 +96,15 @@ class LlamaForCausalLM(paddle.nn.Layer):
     ranks summing each half layer's output between them."""
 
     def __init__(self, checkpoint: Checkpoint, device: tuple[str, int] | str = ("cpu", 0), x_int8: bool = False,
-                 bf16: bool = False, kv_dtype: str = "float32", tp: TensorParallel | None = None):
+                 bf16: bool = False, kv_dtype: str = "float32", tp: TensorParallel | None = None,
+                 batch_int8: bool = False):
         super().__init__()
         self.tp = tp if tp is not None and tp.size > 1 else None
         if self.tp is not None:
             checkpoint = shard_checkpoint(checkpoint, self.tp.rank, self.tp.size)
-        if bf16 and x_int8:
+        if bf16 and (x_int8 or batch_int8):
             raise ValueError("bf16 and x_int8 exclude each other: bfloat16 linears take bfloat16 input")
-        self.x_int8, self.bf16 = x_int8, bf16
+        self.x_int8, self.bf16, self.batch_int8 = x_int8, bf16, batch_int8
         if isinstance(device, str):
             name, _, index = device.partition(":")
             device = (name, int(index or 0))
@@ -124,7 +132,7 @@ class LlamaForCausalLM(paddle.nn.Layer):
         self.prefix = None if checkpoint.prefix is None else to_device(checkpoint.prefix.astype(np.float32), device)
         self.prefix_len = 0 if checkpoint.prefix is None else int(checkpoint.prefix.shape[2])
         self.head = Linear(t["embed_tokens"] if c.tie_embeddings else t["lm_head"], device)
-        self._fused = None
+        self._fused = {}  # x_int8 -> ops.DecoderWeights
         linears = [lin for l in self.blocks for lin in (l.qkv, l.o, l.gate_up, l.down)] + [self.head]
         if bf16:
             for lin in linears:
@@ -318,7 +326,8 @@ class LlamaForCausalLM(paddle.nn.Layer):
         if has_kernel and self._fused_ok:
             index = cache.index(cache_rows, tokens.shape[0])
             if self.tp is None:
-                return ops.decoder_step(self.embed(tokens), positions, self._fused_weights(), cache.k, cache.v, **index)
+                weights = self._fused_weights(self.int8_step(tokens.shape[0]))
+                return ops.decoder_step(self.embed(tokens), positions, weights, cache.k, cache.v, **index)
             return self._decode_split(self._embed(tokens), positions, cache, index)
         if fused and not has_kernel:  # (weights the fused step cannot take are no device fallback)
             fallback.record_op_fallback(self.device[0], "decoder_step", cache.dtype,
@@ -334,7 +343,7 @@ class LlamaForCausalLM(paddle.nn.Layer):
         heads, the MLP by its inner features) is one launch whose output is the rank's partial
         sum; the ranks' sum joins the residual stream ``h`` before the next launch, and the
         head's vocabulary chunks are gathered at the end."""
-        weights = self._fused_weights()
+        weights = self._fused_weights(self.int8_step(h.shape[0]))
         for i in range(weights.num_layers):
             for half in ("attention", "mlp"):
                 h = h + self.tp.reduce(ops.decoder_step(h, positions, weights, cache.k, cache.v, part=half, layer=i,
@@ -357,8 +366,21 @@ class LlamaForCausalLM(paddle.nn.Layer):
             h = h + self._row(layer.down(ops.swiglu(gate, up)))
         return self._head(ops.rms_norm(h.reshape([1, c.hidden_size]), self.norm, c.rms_eps))
 
-    def _fused_weights(self):
-        if self._fused is None:
+    def int8_step(self, batch: int) -> bool:
+        """Whether a fused decode step of ``batch`` sequences takes int8 activations."""
+        if self.x_int8 or self.a8w8:
+            return True
+        if not self.batch_int8 or batch < 2:
+            return False
+        quantized = [lin for l in self.blocks for lin in (l.qkv, l.o, l.gate_up, l.down) if lin.bits] + (
+            [self.head] if self.head.bits else [])
+        return bool(quantized) and all(x_int8_fits(lin.in_features, lin.group_size) for lin in quantized)
+
+    def _fused_weights(self, x_int8: bool | None = None) -> ops.DecoderWeights:
+        """The fused step's weights, described once per activation mode (``x_int8`` None: the
+        model's own, as one sequence's step takes it). The two share every tensor."""
+        x_int8 = self.int8_step(1) if x_int8 is None else x_int8
+        if x_int8 not in self._fused:
             c = self.config
             def lin(layer):
                 fused = layer.fused()
@@ -366,7 +388,7 @@ class LlamaForCausalLM(paddle.nn.Layer):
 
             layers = [ops.DecoderLayer(l.attn_norm, lin(l.qkv), l.qkv.bias, lin(l.o), l.ffn_norm,
                                        lin(l.gate_up), lin(l.down)) for l in self.blocks]
-            self._fused = ops.DecoderWeights(layers=layers, final_norm=self.norm, head=lin(self.head),
-                                             num_heads=c.num_heads, num_kv_heads=c.num_kv_heads,
-                                             eps=c.rms_eps, theta=c.rope_theta, x_int8=self.x_int8 or self.a8w8)
-        return self._fused
+            self._fused[x_int8] = ops.DecoderWeights(layers=layers, final_norm=self.norm, head=lin(self.head),
+                                                     num_heads=c.num_heads, num_kv_heads=c.num_kv_heads,
+                                                     eps=c.rms_eps, theta=c.rope_theta, x_int8=x_int8)
+        return self._fused[x_int8]

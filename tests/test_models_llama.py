@@ -312,6 +312,43 @@ def test_bf16_stays_close_and_is_batch_invariant(weights):
         LlamaForCausalLM(ckpt, ("cpu", 0), x_int8=True, bf16=True)
 
 
+@pytest.mark.parametrize("device", ["cpu", "npu"])
+def test_batch_int8_takes_int8_for_batches_and_stays_exact_alone(device):
+    """batch_int8 (serving's default): a step of one sequence is the exact model's bit for bit;
+    a step of several takes the x_int8 products, close to the exact logits (4-bit weights: the
+    small-GEMM kernel at 2+ rows). The same windows decoded side by side by the exact model give
+    the same perplexity as one at a time; with batch_int8, close to it."""
+    from anychip_models.evaluate import decode_perplexity
+    from anychip_models.llama import KVCache, LlamaForCausalLM
+
+    ckpt = tiny_checkpoint("int4")
+    paddle()
+    exact, batched = (LlamaForCausalLM(ckpt, (device, 0), batch_int8=b) for b in (False, True))
+    assert batched.int8_step(2) and not batched.int8_step(1) and not exact.int8_step(2)
+    seqs = [[3, 14, 15, 92], [6, 5, 35, 8], [9, 7, 9, 3]]
+    logits = {}
+    for name, model in (("exact", exact), ("batched", batched)):
+        cache = KVCache(ckpt.config, 3, 8, (device, 0))
+        model(ids_tensor([s[:3] for s in seqs], device), ids_tensor([[0, 1, 2]] * 3, device), cache)
+        together = host(model.decode(ids_tensor([s[3] for s in seqs], device), ids_tensor([3, 3, 3], device), cache,
+                                     cache_rows=[0, 1, 2]))
+        alone = host(model.decode(ids_tensor([seqs[0][3]], device), ids_tensor([3], device), cache, cache_rows=[0]))
+        logits[name] = together, alone
+    np.testing.assert_array_equal(logits["batched"][1], logits["exact"][1])  # alone: exact
+    for b, seq in enumerate(seqs):
+        want = oracle_logits(ckpt, seq)[-1]
+        assert np.abs(logits["exact"][0][b] - want).max() / np.abs(want).max() < 1e-4
+        err = np.abs(logits["batched"][0][b] - want).max() / np.abs(want).max()
+        assert 0 < err < 3e-2, err
+    ids = list(np.random.default_rng(3).integers(0, 95, size=41))
+    one = decode_perplexity(exact, ids, window=12)
+    assert decode_perplexity(exact, ids, window=12, batch=3) == pytest.approx(one, rel=1e-5)
+    int8 = decode_perplexity(batched, ids, window=12, batch=3)
+    assert int8 != one and int8 == pytest.approx(one, rel=3e-2)
+    with pytest.raises(ValueError, match="batch must be >= 1"):
+        decode_perplexity(exact, ids, batch=0)
+
+
 def test_decode_perplexity_scores_as_the_forward_does():
     """Perplexity through the decode step (one token at a time through the cache, as generation
     sees it) equals the one-pass forward's for an exact model, in two windows; bf16 moves it a

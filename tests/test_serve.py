@@ -140,6 +140,31 @@ def test_bf16_serving_answers_concurrent_streams_as_alone(model_dir):
         assert s.get("/v1/models")["data"][0]["weights"].endswith(", bf16")
 
 
+def test_quantized_weights_decode_batches_with_int8_activations(model_dir, tmp_path_factory):
+    """On quantized weights the default server decodes steps of 2+ requests with int8
+    activations (the small-GEMM path) and says so; a lone request stays exact, so it answers as
+    --exact-batches does, where concurrent streams each get their text alone."""
+    from training_helpers import anychip
+
+    out = tmp_path_factory.mktemp("int8") / "model"  # the name stream_text asks for
+    run = anychip("quantize", "--model", model_dir, "--type", "wint4", "--output", out)
+    assert run.returncode == 0, run.stderr
+    cases = [(QUESTIONS[i], 6 + 5 * i) for i in range(8)]
+    answers = {}
+    for mode in ("default", "--exact-batches"):
+        with Server(out, "cpu", "--max-batch", "8", *([] if mode == "default" else [mode])) as s:
+            client = OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
+            alone = [stream_text(client, q, n)[0] for q, n in cases]
+            with ThreadPoolExecutor(8) as pool:
+                together = list(pool.map(lambda case: stream_text(client, *case)[0], cases))
+            answers[mode] = alone, together, s.get("/v1/models")["data"][0]["weights"]
+    assert answers["default"][0] == answers["--exact-batches"][0]  # one at a time: exact either way
+    alone, together, weights = answers["--exact-batches"]
+    assert together == alone and len(set(alone)) > 1 and "int8" not in weights
+    _alone, together, weights = answers["default"]
+    assert weights.endswith("int8 activations in batches") and all(together)
+
+
 def metric(server, name: str, labels: str = "") -> float:
     for line in server.text("/metrics").splitlines():
         if line.startswith(name + labels + " "):

@@ -40,6 +40,13 @@ def add_parser(sub, common):
     ppl.add_argument("--kv-cache", choices=CACHE_DTYPES, default="float32", metavar="DTYPE",
                      help="with --through decode: the KV cache's dtype, float32 (default), bfloat16 or float16, to "
                           "measure what a 16-bit cache costs in perplexity")
+    ppl.add_argument("--batch", type=int, default=1, metavar="N",
+                     help="with --through decode: decode N windows side by side, one step for all of them, as a "
+                          "server's running requests decode (default 1)")
+    ppl.add_argument("--int8-batches", action="store_true",
+                     help="with --through decode: steps of two or more windows quantize the activations that meet "
+                          "quantized weights to int8, as `anychip serve` does by default (see its --exact-batches); "
+                          "measures what that costs in perplexity")
     ppl.add_argument("--json", action="store_true", help="print one JSON object instead of a sentence")
     mc = actions.add_parser(
         "mc", parents=[common], help="multiple-choice accuracy from log-likelihoods",
@@ -146,30 +153,36 @@ def run_ppl(args) -> int:
         raise ValueError(f"--window must be >= 1, got {args.window}")
     if args.kv_cache != "float32" and args.through != "decode":
         raise ValueError("--kv-cache applies to --through decode (a prefill pass keeps no cache)")
+    if (args.batch != 1 or args.int8_batches) and args.through != "decode":
+        raise ValueError("--batch and --int8-batches apply to --through decode (a prefill pass has no decode steps)")
+    if args.batch < 1:
+        raise ValueError(f"--batch must be >= 1, got {args.batch}")
     text = read_text(Path(args.data))
     device = anychip.set_device(args.device)
     simulated = describe(device.split(":")[0]).status == "simulated"
     checkpoint = load_checkpoint(resolve(args.model), weights=args.weights)
     ids = checkpoint.tokenizer.encode(text, add_bos=checkpoint.tokenizer.add_bos)
-    model = LlamaForCausalLM(checkpoint, device, bf16=args.bf16, kv_dtype=args.kv_cache)
+    model = LlamaForCausalLM(checkpoint, device, bf16=args.bf16, kv_dtype=args.kv_cache, batch_int8=args.int8_batches)
     started = time.perf_counter()
     if args.through == "decode":
         from tqdm import tqdm
 
         with tqdm(total=len(ids) - 1, desc="decode", unit="tok", file=sys.stderr) as bar:
-            value = decode_perplexity(model, ids, window=args.window, progress=bar.update)
+            value = decode_perplexity(model, ids, window=args.window, progress=bar.update, batch=args.batch)
     else:
         value = perplexity(model, ids, window=args.window)
     seconds = time.perf_counter() - started
     label = f"{device} (simulated)" if simulated else device
     if args.json:
         print(json.dumps({"model": args.model, "weights": args.weights, "bf16": args.bf16, "through": args.through,
-                          "kv_cache": args.kv_cache,
+                          "kv_cache": args.kv_cache, "batch": args.batch, "int8_batches": args.int8_batches,
                           "data": args.data, "device": device, "simulated": simulated, "tokens": len(ids),
                           "window": args.window, "perplexity": value, "seconds": seconds}))
     else:
         mode = ((", bf16" if args.bf16 else "") + (", through decode" if args.through == "decode" else "")
-                + (f", {args.kv_cache} KV cache" if args.kv_cache != "float32" else ""))
+                + (f", {args.kv_cache} KV cache" if args.kv_cache != "float32" else "")
+                + (f", {args.batch} windows a step" if args.batch != 1 else "")
+                + (", int8 activations in batches" if args.int8_batches else ""))
         print(f"{args.model}: perplexity {value:.3f} on {len(ids)} tokens of {args.data} "
               f"(windows of {args.window}{mode}, {label}, {seconds:.1f} s)")
     return 0

@@ -49,6 +49,12 @@ def add_parser(sub, common):
     p.add_argument("--no-prefix-cache", action="store_true",
                    help="prefill every prompt whole, instead of sharing the cached KV blocks of the longest run "
                         "of whole blocks of the prompt that an earlier request had (a system prompt, say)")
+    p.add_argument("--exact-batches", action="store_true",
+                   help="decode steps of two or more requests multiply exactly, in float32, as one request's "
+                        "do. By default they quantize the activations that meet quantized weights to int8 (per "
+                        "32 to 128 values, as --int8-activations), so that the weights are unpacked once for "
+                        "all requests and summed with int8 dot products: several times the throughput under "
+                        "load, logits within about 0.5%% of the exact ones. A lone request is always exact")
     p.add_argument("--served-name", metavar="NAME", help="the model id clients send (default: the --model value)")
     p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn's log level (default warning)")
@@ -69,6 +75,7 @@ def run(args) -> int:
                                  api_key=args.api_key or None, max_body_bytes=body_cap)
     if (status := launch_tensor_parallel(args)) is not None:
         return status
+    args.batch_int8 = not (args.exact_batches or args.bf16 or args.int8_activations)
     session = open_session(args)
     model = session.generator.model
     config = EngineConfig(max_batch=args.max_batch, max_len=args.max_len or min(1024, model.context),
@@ -87,6 +94,8 @@ def run(args) -> int:
     name = args.served_name or (Path(args.model).name if Path(args.model).exists() else args.model)
     served = ServedModel(name, {session.model_name, args.model}, session.device, session.simulated, session.weights)
     note = " (simulated: host speed)" if session.simulated else ""
+    if "int8 activations in batches" in session.weights:
+        note += "; decode steps of 2+ requests take int8 activations (--exact-batches: exact)"
     cache = (f"a paged KV cache of blocks of {config.block_size} tokens, {engine.cache_bytes / 2**20:.0f} MiB now, "
              f"growing as needed up to {engine.fixed_cache_bytes / 2**20:.0f} MiB for {config.max_batch} requests "
              f"of {config.max_len} tokens" if engine.blocks is not None else

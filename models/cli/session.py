@@ -138,7 +138,7 @@ def open_session(args) -> Session:
     name, _, index = device.partition(":")
     world = distributed.join((name, int(index or 0)), getattr(args, "tensor_parallel", 1))
     model = LlamaForCausalLM(checkpoint, device, x_int8=args.int8_activations, bf16=args.bf16,
-                             kv_dtype=args.kv_cache, tp=world.tp)
+                             kv_dtype=args.kv_cache, tp=world.tp, batch_int8=getattr(args, "batch_int8", False))
     if world.tp is not None:
         how = ("the fused decode step by half layers" if model.has_fused_decode() and not args.no_fused
                else "decoding op by op")
@@ -149,6 +149,8 @@ def open_session(args) -> Session:
     return Session(Generator(model, checkpoint.tokenizer, fused=not args.no_fused), checkpoint.tokenizer, device,
                    simulated, checkpoint.config.name or str(path),
                    args.weights + (", bf16" if args.bf16 else "")
+                   + (", int8 activations" if args.int8_activations else "")
+                   + (", int8 activations in batches" if model.int8_step(2) and not model.int8_step(1) else "")
                    + (f", {args.kv_cache} KV cache" if args.kv_cache != "float32" else ""), world.main)
 
 

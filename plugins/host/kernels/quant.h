@@ -145,6 +145,11 @@ void quantize_x(const float* x, int64_t m, int64_t k, int bits, int64_t group, X
 // depends only on M, not on [n0, n1). x quantized for w (quantize_x with w's bits and group).
 void gemv_int8x(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float* y, int64_t ldy, Isa isa);
 
+// gemv_int8x for x.m >= kGemmInt8xRows rows on AVX-512 (quant_gemm_int8x.cc, which
+// says why): 16 columns of W in the lanes, each 32-k piece summed in int32 for every row of x.
+constexpr int64_t kGemmInt8xRows = 2;
+void gemm_int8x(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float* y, int64_t ldy);
+
 // gemv and gemv_int8x on AVX2 + FMA (quant_gemv_avx2.cc), for the symmetric part of W (4 bits:
 // K a multiple of 64). Every row of x any M, each row's sums the same whatever M.
 void gemv_avx2(const QWeight& w, const float* x, int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy);

@@ -330,7 +330,9 @@ void quantize_x(const float* x, int64_t m, int64_t k, int bits, int64_t group, X
   out->q.resize(static_cast<size_t>(m * k));
   out->scale.resize(static_cast<size_t>(m * runs));
   const bool avx2_offsets = isa == Isa::kAvx2 && bits == 4;
-  out->row_bytes = has_avx512(isa) ? chunks(bits, k) * chunk_bytes(bits) : avx2_offsets ? runs * 4 : 0;
+  // gemm_int8x (m >= kGemmInt8xRows) reads q and scale as they are: only the GEMV tiles need x packed
+  const bool packed = has_avx512(isa) && m < kGemmInt8xRows;
+  out->row_bytes = packed ? chunks(bits, k) * chunk_bytes(bits) : avx2_offsets ? runs * 4 : 0;
   out->packed.resize(static_cast<size_t>(m * out->row_bytes + 64));
   for (int64_t i = 0; i < m; ++i) {
     int8_t* q = out->q.data() + i * k;
@@ -342,7 +344,7 @@ void quantize_x(const float* x, int64_t m, int64_t k, int bits, int64_t group, X
       quantize_runs_scalar(x + i * k, runs, out->run, q, sx);
     } else {
       quantize_runs_avx512(x + i * k, runs, out->run, q, sx);
-      pack_row(q, sx, k, bits, out->run, const_cast<uint8_t*>(out->row(i)));
+      if (packed) pack_row(q, sx, k, bits, out->run, const_cast<uint8_t*>(out->row(i)));
     }
   }
 }
@@ -354,6 +356,8 @@ void gemv_int8x(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float*
     gemv_int8x_avx2(sym, x, n0, n1, y, ldy);
   } else if (!has_avx512(isa)) {
     gemv_scalar(sym, x, n0, n1, y, ldy);
+  } else if (x.m >= kGemmInt8xRows) {
+    gemm_int8x(sym, x, n0, n1, y, ldy);
   } else {
     gemv_avx512(sym, x, n0, n1, y, ldy);
   }
