@@ -562,7 +562,8 @@ def check_x_int8(rng, m, k, n, dtype, bits, group_size, with_offsets, with_bias)
 
 def x_int8_cases() -> None:
     """bits 4 and 8, every usual group size, K with half chunks (4 bits: K % 128 == 64; 8 bits:
-    K % 64 == 32), M below, at and above a GEMV row block (for one ISA)."""
+    K % 64 == 32), M below, at and above a GEMV row block and gemm_int8x's first rows (for one
+    ISA)."""
     rng = np.random.default_rng(31)
     ks = {4: (64, 192, 384), 8: (32, 96, 160, 384)}
     for bits in (4, 8):
@@ -570,7 +571,9 @@ def x_int8_cases() -> None:
             for k in ks[bits]:
                 if group_size != -1 and k % group_size:
                     continue
-                for m, with_offsets in ((1, False), (3, True), (9, True), (1, True), (9, False)):
+                # 4+ rows: gemm_int8x, in blocks of up to 8 rows (13: 8 + 5)
+                for m, with_offsets in ((1, False), (3, True), (9, True), (1, True), (9, False), (4, True),
+                                        (13, False)):
                     check_x_int8(rng, m, k, 37, "float32", bits, group_size, with_offsets, with_bias=m == 3)
     for dtype in ("bfloat16", "float16"):
         check_x_int8(rng, 2, 256, 19, dtype, 4, 32, True, True)

@@ -314,36 +314,39 @@ def test_bf16_stays_close_and_is_batch_invariant(weights):
 
 @pytest.mark.parametrize("device", ["cpu", "npu"])
 def test_batch_int8_takes_int8_for_batches_and_stays_exact_alone(device):
-    """batch_int8 (serving's default): a step of one sequence is the exact model's bit for bit;
-    a step of several takes the x_int8 products, close to the exact logits (4-bit weights: the
-    small-GEMM kernel at 2+ rows). The same windows decoded side by side by the exact model give
-    the same perplexity as one at a time; with batch_int8, close to it."""
+    """batch_int8 (serving's default): a step of fewer than BATCH_INT8_MIN sequences is the exact
+    model's bit for bit; a step of more takes the x_int8 products (4-bit weights: the
+    small-GEMM kernel), close to the exact logits. The same windows decoded side by side by the
+    exact model give the same perplexity as one at a time; with batch_int8, close to it."""
     from anychip_models.evaluate import decode_perplexity
-    from anychip_models.llama import KVCache, LlamaForCausalLM
+    from anychip_models.llama import BATCH_INT8_MIN, KVCache, LlamaForCausalLM
 
     ckpt = tiny_checkpoint("int4")
     paddle()
     exact, batched = (LlamaForCausalLM(ckpt, (device, 0), batch_int8=b) for b in (False, True))
-    assert batched.int8_step(2) and not batched.int8_step(1) and not exact.int8_step(2)
-    seqs = [[3, 14, 15, 92], [6, 5, 35, 8], [9, 7, 9, 3]]
+    assert BATCH_INT8_MIN == 4 and batched.batches_int8() and not exact.batches_int8()
+    assert batched.int8_step(4) and not batched.int8_step(3) and not exact.int8_step(4)
+    seqs = [[3, 14, 15, 92], [6, 5, 35, 8], [9, 7, 9, 3], [2, 71, 82, 8]]
+    rows = list(range(len(seqs)))
     logits = {}
     for name, model in (("exact", exact), ("batched", batched)):
-        cache = KVCache(ckpt.config, 3, 8, (device, 0))
-        model(ids_tensor([s[:3] for s in seqs], device), ids_tensor([[0, 1, 2]] * 3, device), cache)
-        together = host(model.decode(ids_tensor([s[3] for s in seqs], device), ids_tensor([3, 3, 3], device), cache,
-                                     cache_rows=[0, 1, 2]))
-        alone = host(model.decode(ids_tensor([seqs[0][3]], device), ids_tensor([3], device), cache, cache_rows=[0]))
-        logits[name] = together, alone
-    np.testing.assert_array_equal(logits["batched"][1], logits["exact"][1])  # alone: exact
+        cache = KVCache(ckpt.config, 4, 8, (device, 0))
+        model(ids_tensor([s[:3] for s in seqs], device), ids_tensor([[0, 1, 2]] * 4, device), cache)
+        together = host(model.decode(ids_tensor([s[3] for s in seqs], device), ids_tensor([3] * 4, device), cache,
+                                     cache_rows=rows))
+        few = host(model.decode(ids_tensor([s[3] for s in seqs[:3]], device), ids_tensor([3] * 3, device), cache,
+                                cache_rows=rows[:3]))
+        logits[name] = together, few
+    np.testing.assert_array_equal(logits["batched"][1], logits["exact"][1])  # 3 sequences: exact
     for b, seq in enumerate(seqs):
         want = oracle_logits(ckpt, seq)[-1]
         assert np.abs(logits["exact"][0][b] - want).max() / np.abs(want).max() < 1e-4
         err = np.abs(logits["batched"][0][b] - want).max() / np.abs(want).max()
         assert 0 < err < 3e-2, err
-    ids = list(np.random.default_rng(3).integers(0, 95, size=41))
+    ids = list(np.random.default_rng(3).integers(0, 95, size=49))
     one = decode_perplexity(exact, ids, window=12)
-    assert decode_perplexity(exact, ids, window=12, batch=3) == pytest.approx(one, rel=1e-5)
-    int8 = decode_perplexity(batched, ids, window=12, batch=3)
+    assert decode_perplexity(exact, ids, window=12, batch=4) == pytest.approx(one, rel=1e-5)
+    int8 = decode_perplexity(batched, ids, window=12, batch=4)
     assert int8 != one and int8 == pytest.approx(one, rel=3e-2)
     with pytest.raises(ValueError, match="batch must be >= 1"):
         decode_perplexity(exact, ids, batch=0)

@@ -44,7 +44,7 @@ def add_parser(sub, common):
                      help="with --through decode: decode N windows side by side, one step for all of them, as a "
                           "server's running requests decode (default 1)")
     ppl.add_argument("--int8-batches", action="store_true",
-                     help="with --through decode: steps of two or more windows quantize the activations that meet "
+                     help="with --through decode: steps of four or more windows quantize the activations that meet "
                           "quantized weights to int8, as `anychip serve` does by default (see its --exact-batches); "
                           "measures what that costs in perplexity")
     ppl.add_argument("--json", action="store_true", help="print one JSON object instead of a sentence")

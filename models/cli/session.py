@@ -150,7 +150,7 @@ def open_session(args) -> Session:
                    simulated, checkpoint.config.name or str(path),
                    args.weights + (", bf16" if args.bf16 else "")
                    + (", int8 activations" if args.int8_activations else "")
-                   + (", int8 activations in batches" if model.int8_step(2) and not model.int8_step(1) else "")
+                   + (", int8 activations in batches" if model.batches_int8() else "")
                    + (f", {args.kv_cache} KV cache" if args.kv_cache != "float32" else ""), world.main)
 
 

@@ -147,7 +147,7 @@ void gemv_int8x(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float*
 
 // gemv_int8x for x.m >= kGemmInt8xRows rows on AVX-512 (quant_gemm_int8x.cc, which
 // says why): 16 columns of W in the lanes, each 32-k piece summed in int32 for every row of x.
-constexpr int64_t kGemmInt8xRows = 2;
+constexpr int64_t kGemmInt8xRows = 4;  // below it, transposing the panels costs more than it saves
 void gemm_int8x(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float* y, int64_t ldy);
 
 // gemv and gemv_int8x on AVX2 + FMA (quant_gemv_avx2.cc), for the symmetric part of W (4 bits:

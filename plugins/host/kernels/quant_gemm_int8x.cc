@@ -31,6 +31,7 @@ namespace anychip::cpu::quant {
 namespace {
 
 constexpr int64_t kCols = 16;  // columns of W per tile: one per lane
+constexpr int64_t kAheadTiles = 1;  // a tile prefetches the columns of the tile this far ahead
 constexpr int64_t kBlock = 64;  // 4 bits: k per transposed block, 32 bytes of each column
 
 // Dwords t = 0..7 of 16 columns' blocks (column c's 32 bytes at col[c]) as 8 vectors, vector t
@@ -142,6 +143,13 @@ template <int kBits>
 QUANT_AVX512 void tile(const QWeight& w, const XInt8& x, const int32_t* xsum8, const uint8_t* xu, int64_t n,
                        int64_t live, __m512i* panel, float* scale_t, float* acc, float* y, int64_t ldy) {
   pack_panel<kBits>(w, n, live, panel, scale_t);
+  // A later tile's columns are on their way from memory while this one's rows multiply: the
+  // panel's loads would otherwise wait on DRAM with nothing else to do.
+  const int64_t next = std::min(n + kAheadTiles * kCols, w.n - 1), bytes = w.row_bytes();
+  for (int64_t c = 0; c < kCols; ++c) {
+    const char* row = reinterpret_cast<const char*>(w.row(std::min(next + c, w.n - 1)));
+    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
+  }
   constexpr int64_t kRows = 8;  // rows of x per block: their sums and the piece's codes stay in registers
   for (int64_t i0 = 0; i0 < x.m; i0 += kRows) {
     switch (std::min(kRows, x.m - i0)) {
