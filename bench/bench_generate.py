@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from anychip.ops.decoder import CACHE_DTYPES
 
 from benchlib import THREADS, Case, FasterThan
 
@@ -179,7 +180,7 @@ def test_anychip_decode_int8_activations(benchmark, bench, anychip_run):
               warmup=1, notes="activations quantized to int8 per 32 to 128 values before each quantized product")
 
 
-@pytest.mark.parametrize("kv", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("kv", CACHE_DTYPES)
 def test_anychip_long_context_decode(benchmark, bench, pd, loaded, kv):
     """Decode after a long prompt, with each KV cache dtype: the 16-bit ones read half the cache."""
     from anychip_models.llama import LlamaForCausalLM

@@ -36,12 +36,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-# what cast converts between, and so what a "*" output may hold: the base-op contract's set
-from anychip.ops.base import CASTABLE
-
-FLOATS = ("float32", "bfloat16", "float16")
-INTS = ("int32", "int64")
-ALL = FLOATS + INTS + ("bool",)
+# CASTABLE: what cast converts between, and so what a "*" output may hold
+from anychip.dtypes import BASE as ALL, CASTABLE, FLOATS, INTS
 
 UNARY = ("exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "silu", "abs", "neg", "sin", "cos")
 BINARY = ("add", "sub", "mul", "div", "max", "min", "pow")

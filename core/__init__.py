@@ -19,7 +19,8 @@ from .hookspecs import hookimpl
 from .kernels import KernelRegistry
 from .selection import get_device, set_device
 from .simulator import ChipTraits, simulated_device, simulator_options, vendor_device
-from .spec import DTYPE_BITS, DeviceSpec
+from .dtypes import DTYPE_BITS
+from .spec import DeviceSpec
 
 __version__ = "0.1.0"
 

@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from .spec import DTYPE_BITS
+from .dtypes import DTYPE_BITS
 
 _NUMPY_DTYPES = {
     np.dtype("float32"): "float32", np.dtype("float16"): "float16", np.dtype("float64"): "float64",

@@ -17,7 +17,8 @@ import os
 from dataclasses import dataclass
 
 from .native import library_path
-from .spec import DTYPE_BITS, DeviceSpec
+from .dtypes import DTYPE_BITS
+from .spec import DeviceSpec
 
 
 @dataclass(frozen=True)

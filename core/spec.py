@@ -6,11 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Union
 
-# Bit positions of AnychipDtype in anychip/device.h.
-DTYPE_BITS = {
-    "float32": 0, "float16": 1, "bfloat16": 2, "float64": 3, "int8": 4, "uint8": 5,
-    "int16": 6, "int32": 7, "int64": 8, "bool": 9,
-}
+from .dtypes import DTYPE_BITS
 
 # Paddle's Python layer changes behaviour when these appear in a device type (see
 # shared/notes/platform-facts.md), so a bridged device must not use them.

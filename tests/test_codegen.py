@@ -25,7 +25,7 @@ import anychip
 import anychip.runtime as rt
 from anychip import _launcher
 from anychip.kernels import KernelRegistry
-from anychip.spec import DTYPE_BITS
+from anychip.dtypes import DTYPE_BITS
 from kernel_helpers import store, value
 
 ir, ops = cg.ir, cg.ops

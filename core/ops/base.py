@@ -33,11 +33,7 @@ from typing import Callable
 
 import numpy as np
 
-FLOATS = ("float32", "bfloat16", "float16")
-INTS = ("int32", "int64")
-ALL = FLOATS + INTS + ("bool",)
-# int8 storage too: quantized tables (a Q8_0 embedding) are gathered and converted on the device
-CASTABLE = ALL + ("int8",)
+from ..dtypes import BASE as ALL, CASTABLE, FLOATS, INTS
 INDEXED = FLOATS + INTS + ("int8",)  # what index_select gathers
 
 CATEGORIES = ("unary", "binary", "compare", "where", "cast", "fill", "copy", "reduction", "softmax", "loss",

@@ -20,7 +20,7 @@ import numpy as np
 from .. import fallback
 from ..frontends.paddle import place as _place
 from ..plugins import registry
-from ..spec import DTYPE_BITS
+from ..dtypes import DTYPE_BITS
 from . import checks
 from .base import BaseOp, base_op
 from .checks import OpArgumentError

@@ -3,9 +3,8 @@ and what was expected."""
 
 from __future__ import annotations
 
+from ..dtypes import FLOATS as FLOAT_DTYPES
 from .dispatch import device_label, device_of, dtype_name, paddle
-
-FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 
 
 class OpArgumentError(ValueError):

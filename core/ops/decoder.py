@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..dtypes import FLOATS
 from . import checks
 from .attention import reference_attention
 from .dispatch import OpImpl, descriptor, device_label, device_of, dtype_name, empty, launch, paddle, run
@@ -31,7 +32,7 @@ OP = "decoder_step"
 # tensor-parallel rank, whose ranks sum each half layer's output between launches.
 PARTS = {"all": 0, "attention": 1, "mlp": 2, "head": 3}
 # The KV cache's dtypes, which pick the kernel (x and the logits are float32 whatever they are).
-CACHE_DTYPES = ("float32", "bfloat16", "float16")
+CACHE_DTYPES = FLOATS
 
 
 @dataclass(frozen=True, eq=False)

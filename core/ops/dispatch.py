@@ -17,7 +17,7 @@ from ..kernels import NativeKernel
 from ..frontends.paddle import bridge_library, device_of_place, import_paddle, paddle_device_string
 from ..frontends.paddle import place as _place
 from ..plugins import registry
-from ..spec import DTYPE_BITS
+from ..dtypes import DTYPE_BITS
 
 
 class KernelError(RuntimeError):

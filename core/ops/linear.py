@@ -11,7 +11,7 @@ memory, and write float32 results.
 from __future__ import annotations
 
 from . import checks
-from ..spec import DTYPE_BITS
+from ..dtypes import DTYPE_BITS
 from .dispatch import OpImpl, dtype_name, empty, launch, paddle, run
 
 OP = "linear"

@@ -14,6 +14,7 @@ import inspect
 from dataclasses import dataclass
 
 from ..devices import describe
+from ..dtypes import FLOATS as _FLOATS
 from ..plugins import registry
 
 
@@ -34,7 +35,6 @@ class OpSpec:
         return inspect.signature(self.function)
 
 
-_FLOATS = ("float32", "bfloat16", "float16")
 _TOL = {"float32": (1e-4, 1e-5), "bfloat16": (2e-2, 2e-2), "float16": (2e-3, 2e-3)}
 _ATTN_TOL = {"float32": (2e-4, 2e-5), "bfloat16": (3e-2, 3e-2), "float16": (4e-3, 4e-3)}
 

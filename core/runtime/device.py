@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..spec import DTYPE_BITS
+from ..dtypes import DTYPE_BITS
 from . import abi
 from .errors import InvalidArgumentError
 from .library import Runtime

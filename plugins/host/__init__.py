@@ -14,12 +14,12 @@ import ctypes
 import functools
 from pathlib import Path
 
+from anychip.dtypes import FLOATS as _FLOATS
 from anychip.kernels import NativeKernel
 from anychip.ops.base import BASE_OPS
 
 LIBRARY = Path(__file__).with_name("libanychip_host_kernels.so")
 
-_FLOATS = ("float32", "bfloat16", "float16")
 
 # op -> (forward kernel, backward kernel or None, dtypes); kernels are exported as anychip_cpu_<name>
 HOST_KERNELS = {

@@ -14,15 +14,12 @@ from ... import _launcher, fallback
 from ...host_threads import num_threads
 from ...kernels import NativeKernel
 from ...plugins import registry
-from ...spec import DTYPE_BITS
+from ... import dtypes
+from ...dtypes import DTYPE_BITS
 from . import bridge
 
-DTYPE_NAMES = {
-    torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float64: "float64",
-    torch.int8: "int8", torch.uint8: "uint8", torch.int16: "int16", torch.int32: "int32", torch.int64: "int64",
-    torch.bool: "bool",
-}
-FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+DTYPE_NAMES = {getattr(torch, name): name for name in DTYPE_BITS}  # torch spells every contract dtype alike
+FLOATS = tuple(getattr(torch, name) for name in dtypes.FLOATS)
 
 
 class KernelError(RuntimeError):

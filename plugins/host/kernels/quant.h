@@ -142,11 +142,14 @@ void quantize_x(const float* x, int64_t m, int64_t k, int bits, int64_t group, X
 // y[i][n] = sum over runs r of scales[n][g(r)] * sx[i][r] * sum_{k in r} q[n][k] xq[i][k] for
 // i < x.m, n in [n0, n1): the symmetric part of the x_int8 product (add_offsets adds the
 // offsets' share, from float x). The integer sums are exact; each output's float arithmetic
-// depends only on M, not on [n0, n1). x quantized for w (quantize_x with w's bits and group).
+// depends only on whether M reaches kGemmInt8xRows, not on [n0, n1) or the other rows. x
+// quantized for w (quantize_x with w's bits and group).
 void gemv_int8x(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float* y, int64_t ldy, Isa isa);
 
 // gemv_int8x for x.m >= kGemmInt8xRows rows on AVX-512 (quant_gemm_int8x.cc, which
 // says why): 16 columns of W in the lanes, each 32-k piece summed in int32 for every row of x.
+// A row's float arithmetic is its own, so it gets the same bits in any batch of kGemmInt8xRows
+// or more rows (and in any of fewer, from the tiles), not across the two.
 constexpr int64_t kGemmInt8xRows = 4;  // below it, transposing the panels costs more than it saves
 void gemm_int8x(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float* y, int64_t ldy);
 
