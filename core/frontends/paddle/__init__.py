@@ -18,7 +18,6 @@ import warnings
 from pathlib import Path
 
 from ... import fallback
-from . import root as paddle_root
 from ...errors import PaddleImportOrderError
 from ...host_memory import keep_freed_host_memory
 from ...host_threads import num_threads
@@ -40,6 +39,10 @@ def import_paddle():
     if "paddle" in sys.modules:
         paddle = _adopt(sys.modules["paddle"])
     else:
+        # Imported where it is used, not with the package: `python -m anychip.frontends.paddle.root`
+        # runs that module as __main__, and one its package had imported already made runpy warn.
+        from . import root as paddle_root
+
         _root = paddle_root.prepare()
         os.environ["CUSTOM_DEVICE_ROOT"] = str(_root)
         # Strided views need a `contiguous` kernel on a device to become dense again, and Paddle
@@ -72,6 +75,8 @@ def _adopt(paddle):
     """The Paddle a script imported before anychip, with the settings import_paddle makes
     before an import of its own made at run time instead. Its devices are those its
     CustomDevice folder held at import (``place`` refuses one it lacks)."""
+    from . import root as paddle_root  # (as in import_paddle)
+
     global _root
     _root = Path(os.environ.get("CUSTOM_DEVICE_ROOT") or paddle_root.default_root())
     flags = {"FLAGS_use_stride_kernel": False}  # as above (views made before this call stay strided)
