@@ -15,7 +15,7 @@ wall time from the first request sent to the last one done), p50/p95 of TTFT and
 latency, the mean decode batch the server saw (its decode-step counter), and who used the CPUs
 meanwhile (server, clients, other processes: the clients share the machine). Target (reported,
 not asserted): with 16 clients, output tok/s >= 5x the sequential (C = 1) tok/s, on a CPU without AMX
-(the default server decodes steps of 2+ requests with int8 activations, AVX-512 VNNI there). At the end the
+(the default server decodes steps of 4+ requests with int8 activations, AVX-512 VNNI there). At the end the
 server's /metrics must count exactly the completion and prompt tokens the clients received
 (a consistency check that fails the run).
 
@@ -294,7 +294,7 @@ def render_table(rows: list[dict], meta: dict) -> str:
              "",
              f"Streaming chat completions, greedy, max_tokens {meta['max_tokens']}, {meta['requests']} requests per "
              f"row; output tok/s = completion tokens / wall time; {meta.get('date', '')}".rstrip("; "),
-             *([f"", f"CPU: {host['cpu']}, {host['logical_cpus']} logical CPUs, int8 units: {host['int8_units']}"
+             *(["", f"CPU: {host['cpu']}, {host['logical_cpus']} logical CPUs, int8 units: {host['int8_units']}"
                 f" (ANYCHIP_CPU_ISA: {host['anychip_cpu_isa']})"] if (host := meta.get("host")) else []),
              "",
              "| " + " | ".join(head) + " |",

@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 # CASTABLE: what cast converts between, and so what a "*" output may hold
-from anychip.dtypes import BASE as ALL, CASTABLE, FLOATS, INTS
+from anychip.dtypes import CASTABLE, FLOATS
 
 UNARY = ("exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "silu", "abs", "neg", "sin", "cos")
 BINARY = ("add", "sub", "mul", "div", "max", "min", "pow")

@@ -6,9 +6,10 @@ as doubles). ``library(dtypes)`` restricts every op to the dtypes a chip support
 
 from __future__ import annotations
 
+from anychip.dtypes import BASE as ALL, CASTABLE, FLOATS, INTS
 from anychip.ops.base import INDEXED
 
-from .ir import (ALL, CASTABLE, FLOATS, INTS, Arg, Attr, Cast, Const, Contraction, Elementwise, Flag, Gather, Input, Out,
+from .ir import (Arg, Attr, Cast, Const, Contraction, Elementwise, Flag, Gather, Input, Out,
                  Position, Product, RowAt, Rows, RowsOf, ROW_LEN, ScatterAdd, Variants, Unary, Binary, row_max,
                  row_sum, rsqrt, where, exp, log)
 
