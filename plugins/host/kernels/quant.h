@@ -120,9 +120,9 @@ struct XInt8 {
   int64_t m = 0, k = 0;
   std::vector<int8_t> q;       // [m][k]
   std::vector<float> scale;    // [m][k / run]: sx of each run
-  // The same rows laid out for the AVX-512 products (quant_gemv_int8x.cc), or for 4 bits on
-  // AVX2 each run's share of the codes' +8 (quant_gemv_avx2.cc), row_bytes each from the first
-  // 64-byte boundary of `packed`.
+  // The same rows laid out for the AVX-512 products (quant_gemv_int8x.cc's tiles, or from
+  // kGemmInt8xRows rows gemm_int8x's: pack_gemm_row), or for 4 bits on AVX2 each run's share of
+  // the codes' +8 (quant_gemv_avx2.cc), row_bytes each from the first 64-byte boundary of `packed`.
   std::vector<uint8_t> packed;
   int64_t row_bytes = 0;
 
@@ -152,6 +152,10 @@ void gemv_int8x(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float*
 // or more rows (and in any of fewer, from the tiles), not across the two.
 constexpr int64_t kGemmInt8xRows = 4;  // below it, transposing the panels costs more than it saves
 void gemm_int8x(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float* y, int64_t ldy);
+// A row of x's codes q [k] as gemm_int8x reads it (gemm_row_bytes(bits, k) bytes at out): 4 bits,
+// each 32-k piece's sum start, -8 times the sum of its codes (int32); 8 bits, the codes + 128.
+constexpr int64_t gemm_row_bytes(int bits, int64_t k) { return bits == 4 ? k / 32 * 4 : k; }
+void pack_gemm_row(const int8_t* q, int64_t k, int bits, uint8_t* out);
 
 // gemv and gemv_int8x on AVX2 + FMA (quant_gemv_avx2.cc), for the symmetric part of W (4 bits:
 // K a multiple of 64). Every row of x any M, each row's sums the same whatever M.

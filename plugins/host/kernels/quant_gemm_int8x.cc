@@ -19,6 +19,7 @@
 // 4 bits: the codes are stored q + 8 (unsigned): each piece's sum starts at -8 times the sum of
 // its x codes. 8 bits: the codes are signed, so x + 128 is the unsigned operand and each
 // column's sum starts at -128 times the sum of its codes (in the panel, once for all rows).
+// quantize_x lays out each row of x for this (pack_gemm_row): the starts, or x + 128.
 // Integer sums are exact, so a result differs from gemv_int8x's only in float rounding: the
 // pieces are added one after another here, lane by lane there.
 #include <algorithm>
@@ -102,11 +103,11 @@ QUANT_AVX512 void pack_panel(const QWeight& w, int64_t n, int64_t live, __m512i*
   }
 }
 
-// Rows i0 .. i0 + MR - 1 of x against a panel, into acc[i][16]. 4 bits: x.q with xsum8 (each
-// piece's -8 times the sum of its x codes); 8 bits: xu, x.q + 128.
+// Rows i0 .. i0 + MR - 1 of x against a panel, into acc[i][16]. 4 bits: x.q with each piece's
+// sum start from x.row(i); 8 bits: x.row(i), x.q + 128 (pack_gemm_row).
 template <int kBits, int MR>
-QUANT_AVX512 void rows(const QWeight& w, const XInt8& x, const int32_t* xsum8, const uint8_t* xu, int64_t i0,
-                       const __m512i* panel, const float* scale_t, float* acc) {
+QUANT_AVX512 void rows(const QWeight& w, const XInt8& x, int64_t i0, const __m512i* panel, const float* scale_t,
+                       float* acc) {
   constexpr int kStride = kBits == 4 ? 8 : 9;
   const int64_t runs = x.runs(), pieces = w.k / 32;
   __m512 sum[MR];
@@ -121,13 +122,13 @@ QUANT_AVX512 void rows(const QWeight& w, const XInt8& x, const int32_t* xsum8, c
       for (int t = 0; t < 8; ++t) codes[t] = _mm512_load_si512(piece + t);
       for (int i = 0; i < MR; ++i) {
         const int32_t* xq = reinterpret_cast<const int32_t*>(x.q.data() + (i0 + i) * w.k + k0);
-        s[i] = _mm512_set1_epi32(xsum8[(i0 + i) * pieces + p]);
+        s[i] = _mm512_set1_epi32(reinterpret_cast<const int32_t*>(x.row(i0 + i))[p]);
         for (int t = 0; t < 8; ++t) s[i] = _mm512_dpbusd_epi32(s[i], codes[t], _mm512_set1_epi32(xq[t]));
       }
     } else {
       const __m512i start = _mm512_load_si512(piece + 8);
       for (int i = 0; i < MR; ++i) {
-        const int32_t* xq = reinterpret_cast<const int32_t*>(xu + (i0 + i) * w.k + k0);
+        const int32_t* xq = reinterpret_cast<const int32_t*>(x.row(i0 + i) + k0);
         s[i] = start;
         for (int t = 0; t < 8; ++t) s[i] = _mm512_dpbusd_epi32(s[i], _mm512_set1_epi32(xq[t]), _mm512_load_si512(piece + t));
       }
@@ -140,8 +141,8 @@ QUANT_AVX512 void rows(const QWeight& w, const XInt8& x, const int32_t* xsum8, c
 }
 
 template <int kBits>
-QUANT_AVX512 void tile(const QWeight& w, const XInt8& x, const int32_t* xsum8, const uint8_t* xu, int64_t n,
-                       int64_t live, __m512i* panel, float* scale_t, float* acc, float* y, int64_t ldy) {
+QUANT_AVX512 void tile(const QWeight& w, const XInt8& x, int64_t n, int64_t live, __m512i* panel, float* scale_t,
+                       float* acc, float* y, int64_t ldy) {
   pack_panel<kBits>(w, n, live, panel, scale_t);
   // A later tile's columns are on their way from memory while this one's rows multiply: the
   // panel's loads would otherwise wait on DRAM with nothing else to do.
@@ -153,14 +154,14 @@ QUANT_AVX512 void tile(const QWeight& w, const XInt8& x, const int32_t* xsum8, c
   constexpr int64_t kRows = 8;  // rows of x per block: their sums and the piece's codes stay in registers
   for (int64_t i0 = 0; i0 < x.m; i0 += kRows) {
     switch (std::min(kRows, x.m - i0)) {
-      case 1: rows<kBits, 1>(w, x, xsum8, xu, i0, panel, scale_t, acc); break;
-      case 2: rows<kBits, 2>(w, x, xsum8, xu, i0, panel, scale_t, acc); break;
-      case 3: rows<kBits, 3>(w, x, xsum8, xu, i0, panel, scale_t, acc); break;
-      case 4: rows<kBits, 4>(w, x, xsum8, xu, i0, panel, scale_t, acc); break;
-      case 5: rows<kBits, 5>(w, x, xsum8, xu, i0, panel, scale_t, acc); break;
-      case 6: rows<kBits, 6>(w, x, xsum8, xu, i0, panel, scale_t, acc); break;
-      case 7: rows<kBits, 7>(w, x, xsum8, xu, i0, panel, scale_t, acc); break;
-      default: rows<kBits, 8>(w, x, xsum8, xu, i0, panel, scale_t, acc); break;
+      case 1: rows<kBits, 1>(w, x, i0, panel, scale_t, acc); break;
+      case 2: rows<kBits, 2>(w, x, i0, panel, scale_t, acc); break;
+      case 3: rows<kBits, 3>(w, x, i0, panel, scale_t, acc); break;
+      case 4: rows<kBits, 4>(w, x, i0, panel, scale_t, acc); break;
+      case 5: rows<kBits, 5>(w, x, i0, panel, scale_t, acc); break;
+      case 6: rows<kBits, 6>(w, x, i0, panel, scale_t, acc); break;
+      case 7: rows<kBits, 7>(w, x, i0, panel, scale_t, acc); break;
+      default: rows<kBits, 8>(w, x, i0, panel, scale_t, acc); break;
     }
   }
   for (int64_t i = 0; i < x.m; ++i)
@@ -169,31 +170,30 @@ QUANT_AVX512 void tile(const QWeight& w, const XInt8& x, const int32_t* xsum8, c
 
 }  // namespace
 
+void pack_gemm_row(const int8_t* q, int64_t k, int bits, uint8_t* out) {
+  if (bits == 8) {
+    for (int64_t j = 0; j < k; ++j) out[j] = static_cast<uint8_t>(q[j] + 128);
+    return;
+  }
+  auto* start = reinterpret_cast<int32_t*>(out);
+  for (int64_t p = 0; p < k / 32; ++p) {
+    int32_t s = 0;
+    for (int64_t j = 0; j < 32; ++j) s += q[32 * p + j];
+    start[p] = -8 * s;
+  }
+}
+
 QUANT_AVX512 void gemm_int8x(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   const int64_t pieces = w.k / 32;
-  std::vector<int32_t> xsum8;
-  std::vector<uint8_t> xu;
-  if (w.bits == 4) {  // -8 times the sum of each 32-k piece's x codes: the start of its integer sums
-    xsum8.resize(static_cast<size_t>(x.m * pieces));
-    for (int64_t i = 0; i < x.m; ++i)
-      for (int64_t p = 0; p < pieces; ++p) {
-        int32_t s = 0;
-        for (int64_t j = 0; j < 32; ++j) s += x.q[i * w.k + 32 * p + j];
-        xsum8[i * pieces + p] = -8 * s;
-      }
-  } else {  // the unsigned operand: x + 128
-    xu.resize(x.q.size());
-    for (size_t j = 0; j < xu.size(); ++j) xu[j] = static_cast<uint8_t>(x.q[j] + 128);
-  }
   std::vector<float> acc(static_cast<size_t>(x.m * kCols)), scale_t(static_cast<size_t>(w.groups * kCols));
   std::vector<uint8_t> bytes(static_cast<size_t>(pieces * 9 * 64 + 64));
   auto* panel = reinterpret_cast<__m512i*>((reinterpret_cast<uintptr_t>(bytes.data()) + 63) & ~uintptr_t{63});
   for (int64_t n = n0; n < n1; n += kCols) {
     const int64_t live = std::min(kCols, n1 - n);
     if (w.bits == 4) {
-      tile<4>(w, x, xsum8.data(), nullptr, n, live, panel, scale_t.data(), acc.data(), y, ldy);
+      tile<4>(w, x, n, live, panel, scale_t.data(), acc.data(), y, ldy);
     } else {
-      tile<8>(w, x, nullptr, xu.data(), n, live, panel, scale_t.data(), acc.data(), y, ldy);
+      tile<8>(w, x, n, live, panel, scale_t.data(), acc.data(), y, ldy);
     }
   }
 }

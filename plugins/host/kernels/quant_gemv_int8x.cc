@@ -330,9 +330,10 @@ void quantize_x(const float* x, int64_t m, int64_t k, int bits, int64_t group, X
   out->q.resize(static_cast<size_t>(m * k));
   out->scale.resize(static_cast<size_t>(m * runs));
   const bool avx2_offsets = isa == Isa::kAvx2 && bits == 4;
-  // gemm_int8x (m >= kGemmInt8xRows) reads q and scale as they are: only the GEMV tiles need x packed
-  const bool packed = has_avx512(isa) && m < kGemmInt8xRows;
-  out->row_bytes = packed ? chunks(bits, k) * chunk_bytes(bits) : avx2_offsets ? runs * 4 : 0;
+  // AVX-512: the GEMV tiles' layout below kGemmInt8xRows rows, gemm_int8x's from it
+  const bool tiles = has_avx512(isa) && m < kGemmInt8xRows, gemm = has_avx512(isa) && !tiles;
+  out->row_bytes = tiles ? chunks(bits, k) * chunk_bytes(bits) : gemm ? gemm_row_bytes(bits, k)
+                   : avx2_offsets ? runs * 4 : 0;
   out->packed.resize(static_cast<size_t>(m * out->row_bytes + 64));
   for (int64_t i = 0; i < m; ++i) {
     int8_t* q = out->q.data() + i * k;
@@ -344,7 +345,8 @@ void quantize_x(const float* x, int64_t m, int64_t k, int bits, int64_t group, X
       quantize_runs_scalar(x + i * k, runs, out->run, q, sx);
     } else {
       quantize_runs_avx512(x + i * k, runs, out->run, q, sx);
-      if (packed) pack_row(q, sx, k, bits, out->run, const_cast<uint8_t*>(out->row(i)));
+      if (tiles) pack_row(q, sx, k, bits, out->run, const_cast<uint8_t*>(out->row(i)));
+      if (gemm) pack_gemm_row(q, k, bits, const_cast<uint8_t*>(out->row(i)));
     }
   }
 }
