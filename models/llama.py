@@ -143,6 +143,8 @@ class LlamaForCausalLM(paddle.nn.Layer):
             for lin in linears:
                 lin.compute_dtype = "bfloat16"
         self.a8w8 = any(lin.a8w8 for lin in linears)
+        quantized = [lin for lin in linears if lin.bits]  # whether batch_int8 can take them int8
+        self._int8_fits = bool(quantized) and all(x_int8_fits(lin.in_features, lin.group_size) for lin in quantized)
         # The fused step takes one format per kind of linear across layers (a model with some
         # layers left float, as A8W8 recipes do, decodes op by op), and for an A8W8 model x_int8
         # on every quantized linear (see the class doc).
@@ -379,11 +381,7 @@ class LlamaForCausalLM(paddle.nn.Layer):
         """Whether a fused decode step of ``batch`` sequences takes int8 activations."""
         if self.x_int8 or self.a8w8:
             return True
-        if not self.batch_int8 or batch < BATCH_INT8_MIN:
-            return False
-        quantized = [lin for l in self.blocks for lin in (l.qkv, l.o, l.gate_up, l.down) if lin.bits] + (
-            [self.head] if self.head.bits else [])
-        return bool(quantized) and all(x_int8_fits(lin.in_features, lin.group_size) for lin in quantized)
+        return self.batch_int8 and batch >= BATCH_INT8_MIN and self._int8_fits
 
     def _fused_weights(self, x_int8: bool | None = None) -> ops.DecoderWeights:
         """The fused step's weights, described once per activation mode (``x_int8`` None: the

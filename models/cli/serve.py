@@ -94,7 +94,7 @@ def run(args) -> int:
     name = args.served_name or (Path(args.model).name if Path(args.model).exists() else args.model)
     served = ServedModel(name, {session.model_name, args.model}, session.device, session.simulated, session.weights)
     note = " (simulated: host speed)" if session.simulated else ""
-    if "int8 activations in batches" in session.weights:
+    if session.generator.model.batches_int8():
         note += "; decode steps of 4+ requests take int8 activations (--exact-batches: exact)"
     cache = (f"a paged KV cache of blocks of {config.block_size} tokens, {engine.cache_bytes / 2**20:.0f} MiB now, "
              f"growing as needed up to {engine.fixed_cache_bytes / 2**20:.0f} MiB for {config.max_batch} requests "
