@@ -154,9 +154,9 @@ def test_gemv_peer(benchmark, bench, pd, request, impl):
     if impl.startswith("anychip_kernel"):
         # The cpu plugin's kernel on numpy arrays, without Paddle: no op checks, no output
         # allocation; what the bound op's row adds to it is the cost of calling from Python.
-        from anychip_plugins.host import HOST_KERNELS, _kernel
+        from anychip_plugins.host import _kernel
 
-        kernel = _kernel(HOST_KERNELS["weight_only_linear"][0])
+        kernel = _kernel("weight_only_linear")
         attrs = [4, 128, 0, 1] if x_int8 else [4, 128]
         q, s = _packed(4, 128, rng)
         count = stream_count(cases[0].amount)

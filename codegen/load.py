@@ -3,13 +3,13 @@ hand-written ones."""
 
 from __future__ import annotations
 
-from anychip.ops.base import BASE_OPS
+from anychip.ops.defs import BUILTIN
 
-# op -> the kernel computing its input gradients, registered as the op's backward. A base op's
-# grad is also an op of its own (anychip.ops.base declares the pairs; the Paddle bridge calls a
-# grad by name); a fused op's is not.
-BACKWARD_OF = {"rms_norm": "rms_norm_grad", **{op.name: op.grad for op in BASE_OPS.values() if op.grad}}
-BACKWARD_ONLY = frozenset({"rms_norm_grad"})
+# op -> the kernel computing its input gradients (its definition's grad, for anychip's own ops:
+# this runs while the plugins load), registered as the op's backward. A base op's grad is also an op of its own (the Paddle bridge calls a grad by
+# name); a fused op's is not, so it is registered only as the backward.
+BACKWARD_OF = {op.name: op.grad for op in BUILTIN.values() if op.grad}
+BACKWARD_ONLY = frozenset(op.grad for op in BUILTIN.values() if op.fused and op.grad)
 
 
 def register(registry, device: str, library, backward_of=BACKWARD_OF, backward_only=BACKWARD_ONLY) -> list[str]:

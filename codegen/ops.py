@@ -1,13 +1,13 @@
 """The base operator set (and the fused RMSNorm) as descriptions: what a chip gets from CodeGen.
 
 Each kernel follows the op's ABI in anychip/kernel.h (base ops: the broadcasting rule, attrs
-as doubles). ``library(dtypes)`` restricts every op to the dtypes a chip supports.
+as doubles). What an op is comes from its definition (``anychip.ops.defs``): its dtypes and
+its attrs' places, by name. ``library(dtypes)`` restricts every op to the dtypes a chip supports.
 """
 
 from __future__ import annotations
 
-from anychip.dtypes import BASE as ALL, CASTABLE, FLOATS, INTS
-from anychip.ops.base import INDEXED
+from anychip.ops.defs import BUILTIN
 
 from .ir import (Arg, Attr, Cast, Const, Contraction, Elementwise, Flag, Gather, Input, Out,
                  Position, Product, RowAt, Rows, RowsOf, ROW_LEN, ScatterAdd, Variants, Unary, Binary, row_max,
@@ -16,15 +16,31 @@ from .ir import (Arg, Attr, Cast, Const, Contraction, Elementwise, Flag, Gather,
 X, Y, Z = Input(0), Input(1), Input(2)
 T = Arg("T")
 
+
+def attr(op: str, name: str, default: float | None = None, exact: bool = False) -> Attr:
+    """Attr ``name`` of ``op`` where its definition puts it; ``default`` (else the definition's,
+    else 0) when a call leaves it off."""
+    d = BUILTIN[op]
+    index = d.attr_index(name)
+    fallback = d.attrs[index].default if default is None else default
+    return Attr(index, 0.0 if fallback is None else fallback, exact)
+
+
+def dtypes(op: str) -> tuple[str, ...]:
+    return BUILTIN[op].dtypes
+
+
+def category(name: str) -> list[str]:
+    return [op.name for op in BUILTIN.values() if op.category == name]
+
 UNARY_OPS = {name: Unary(name, X) for name in ("exp", "log", "sqrt", "rsqrt", "silu", "sigmoid", "tanh", "abs",
                                                           "sin", "cos")}
 UNARY_OPS["neg"] = -X
-# scale: attrs [scale, bias, bias_after_scale]
-UNARY_OPS["scale"] = where(Attr(2, 1.0).ne(0.0), Attr(0, 1.0) * X + Attr(1), Attr(0, 1.0) * (X + Attr(1)))
-UNARY_OPS["pow"] = X ** Attr(0, 1.0)
+UNARY_OPS["scale"] = where(attr("scale", "bias_after_scale").ne(0.0),
+                           attr("scale", "scale", 1.0) * X + attr("scale", "bias"),
+                           attr("scale", "scale", 1.0) * (X + attr("scale", "bias")))
+UNARY_OPS["pow"] = X ** attr("pow", "factor", 1.0)
 
-# the binary ops with exact integer forms too (kernel.h): Paddle multiplies int64 labels
-INTEGER_BINARY = ("add", "subtract", "multiply", "maximum", "minimum")
 BINARY_OPS = {"add": X + Y, "subtract": X - Y, "multiply": X * Y, "divide": X / Y,
               "maximum": Binary("max", X, Y), "minimum": Binary("min", X, Y), "elementwise_pow": X ** Y}
 
@@ -33,63 +49,71 @@ COMPARE_OPS = {"equal": X.eq(Y), "not_equal": X.ne(Y), "less_than": X < Y, "less
 
 
 def elementwise_kernels() -> list:
-    kernels = [Elementwise(n, (T,), (Out("T", e),), FLOATS) for n, e in UNARY_OPS.items()]
-    kernels += [Elementwise(n, (T, T), (Out("T", e),), FLOATS + INTS if n in INTEGER_BINARY else FLOATS)
-                for n, e in BINARY_OPS.items()]
-    kernels += [Elementwise(n, (T, T), (Out("bool", e),), FLOATS + INTS) for n, e in COMPARE_OPS.items()]
+    """Every unary, binary and compare op CodeGen has an expression for, and the rest of the
+    elementwise set."""
+    for group, ops in (("unary", UNARY_OPS), ("binary", BINARY_OPS), ("compare", COMPARE_OPS)):
+        if set(ops) != set(category(group)):
+            raise ValueError(f"codegen's {group} ops {sorted(ops)} differ from the definitions' "
+                             f"{sorted(category(group))}: give each defined op its expression here")
+    kernels = [Elementwise(n, (T,), (Out("T", e),), dtypes(n)) for n, e in UNARY_OPS.items()]
+    kernels += [Elementwise(n, (T, T), (Out("T", e),), dtypes(n)) for n, e in BINARY_OPS.items()]
+    kernels += [Elementwise(n, (T, T), (Out("bool", e),), dtypes(n)) for n, e in COMPARE_OPS.items()]
     kernels += [
-        Elementwise("where", (Arg("bool"), T, T), (Out("T", where(X, Y, Z)),), ALL),
+        Elementwise("where", (Arg("bool"), T, T), (Out("T", where(X, Y, Z)),), dtypes("where")),
         # cast: registered under the input's dtype, writes whatever dtype the output has
-        Elementwise("cast", (T,), (Out("*", X),), CASTABLE),
-        Elementwise("fill", (), (Out("T", Attr(0, exact=True)),), ALL),
-        Elementwise("copy", (T,), (Out("T", X),), ALL),
-        # arange: attrs [start, step], out[i] = start + i * step (in double: exact for int64)
-        Elementwise("arange", (), (Out("T", Attr(0, exact=True) + Position() * Attr(1, exact=True)),),
-                    FLOATS + ("int64",)),
+        Elementwise("cast", (T,), (Out("*", X),), dtypes("cast")),
+        Elementwise("fill", (), (Out("T", attr("fill", "value", exact=True)),), dtypes("fill")),
+        Elementwise("copy", (T,), (Out("T", X),), dtypes("copy")),
+        # out[i] = start + i * step (in double: exact for int64)
+        Elementwise("arange", (), (Out("T", attr("arange", "start", exact=True)
+                                       + Position() * attr("arange", "step", exact=True)),), dtypes("arange")),
     ]
     return kernels
 
 
 def reduction_kernels() -> list:
-    # attrs [keepdim, n, axes...]: the reduced axes make the row; out holds one value per row
-    axes = RowsOf("attr_axes", 1)
-    return [Rows("sum", (T,), (Out("T", row_sum(X), "per_row"),), FLOATS, rows=axes),
-            Rows("mean", (T,), (Out("T", row_sum(X) / ROW_LEN, "per_row"),), FLOATS, rows=axes),
-            Rows("max", (T,), (Out("T", row_max(X), "per_row"),), FLOATS, rows=axes)]
+    # the reduced axes (n, then the axes) make the row; out holds one value per row
+    axes = RowsOf("attr_axes", BUILTIN["sum"].attr_index("n"))
+    return [Rows("sum", (T,), (Out("T", row_sum(X), "per_row"),), dtypes("sum"), rows=axes),
+            Rows("mean", (T,), (Out("T", row_sum(X) / ROW_LEN, "per_row"),), dtypes("mean"), rows=axes),
+            Rows("max", (T,), (Out("T", row_max(X), "per_row"),), dtypes("max"), rows=axes)]
 
 
 def softmax_kernels() -> list:
-    axis = RowsOf("attr_axis", 0)
+    axis = RowsOf("attr_axis", BUILTIN["softmax"].attr_index("axis"))
     e = exp(X - row_max(X))
-    softmax = Rows("softmax", (T,), (Out("T", e / row_sum(e)),), FLOATS, rows=axis)
+    softmax = Rows("softmax", (T,), (Out("T", e / row_sum(e)),), dtypes("softmax"), rows=axis)
     # softmax_grad (out, dout -> dx): dx = out * (dout - sum(dout * out))
-    grad = Rows("softmax_grad", (T, T), (Out("T", X * (Y - row_sum(X * Y))),), FLOATS, rows=axis)
+    grad = Rows("softmax_grad", (T, T), (Out("T", X * (Y - row_sum(X * Y))),), dtypes("softmax_grad"),
+                rows=RowsOf("attr_axis", BUILTIN["softmax_grad"].attr_index("axis")))
     return [softmax, grad]
 
 
 def cross_entropy_kernels() -> list:
-    """cross_entropy_with_softmax over the last axis (attrs [ignore_index]): logits, label
-    int64[..., 1] -> softmax, loss[..., 1]; and its grad (label, softmax, dloss -> dlogits)."""
+    """cross_entropy_with_softmax over the last axis: logits, label int64[..., 1] -> softmax,
+    loss[..., 1]; and its grad (label, softmax, dloss -> dlogits)."""
     label = Input(1)
-    ignored = label.eq(Attr(0, -100.0))
+    ignored = label.eq(attr("cross_entropy_with_softmax", "ignore_index", -100.0))
     m = row_max(X)
     s = row_sum(exp(X - m))
     forward = Rows("cross_entropy_with_softmax", (T, Arg("int64", "per_row")),
                    (Out("T", exp(X - m) / s), Out("T", where(ignored, Const(0.0), m + log(s) - RowAt(0, label)), "per_row")),
-                   FLOATS)
+                   dtypes("cross_entropy_with_softmax"))
     label_g, softmax_g, dloss = Input(0), Input(1), Input(2)
     onehot = where(Position().eq(label_g), Const(1.0), Const(0.0))
     grad = Rows("cross_entropy_with_softmax_grad",
                 (Arg("int64", "per_row"), T, Arg("T", "per_row")),
-                (Out("T", where(label_g.eq(Attr(0, -100.0)), Const(0.0), (softmax_g - onehot) * dloss)),),
-                FLOATS)
+                (Out("T", where(label_g.eq(attr("cross_entropy_with_softmax_grad", "ignore_index", -100.0)),
+                                Const(0.0), (softmax_g - onehot) * dloss)),),
+                dtypes("cross_entropy_with_softmax_grad"))
     return [forward, grad]
 
 
 def rms_norm_kernels() -> list:
     """rms_norm and rms_norm_grad as anychip/kernel.h fixes them, with and without the optional
     input (residual; dh_extra)."""
-    eps = Attr(0, 1e-6)
+    eps = attr("rms_norm", "eps", 1e-6)
+    FLOATS = dtypes("rms_norm")
     w = Input(1)
     col, per_row = Arg("T", "col"), Arg("float32", "per_row")
 
@@ -117,24 +141,29 @@ def rms_norm_kernels() -> list:
 
 def index_kernels() -> list:
     """embedding (ids, weight -> rows of weight; padding_idx rows 0), its grad (the scatter-add of
-    dout's rows by id, nothing for padding_idx) and index_select (attrs [axis])."""
+    dout's rows by id, nothing for padding_idx) and index_select (along its axis attr)."""
     ids = Arg("int64")
-    padding = Input(0).eq(Attr(0, -1.0, exact=True))
-    return [Gather("embedding", (ids, T), (Out("T", where(padding, Const(0.0), Input(1))),), FLOATS,
-                   table=1, index=0),
-            ScatterAdd("embedding_grad", (ids, T), (Out("T", where(padding, Const(0.0), Input(1))),), FLOATS,
-                       index=0, source=1),
-            Gather("index_select", (T, ids), (Out("T", Input(0)),), INDEXED, table=0, index=1, axis_attr=0)]
+
+    def padding(op):
+        return Input(0).eq(attr(op, "padding_idx", -1.0, exact=True))
+
+    return [Gather("embedding", (ids, T), (Out("T", where(padding("embedding"), Const(0.0), Input(1))),),
+                   dtypes("embedding"), table=1, index=0),
+            ScatterAdd("embedding_grad", (ids, T), (Out("T", where(padding("embedding_grad"), Const(0.0), Input(1))),),
+                       dtypes("embedding_grad"), index=0, source=1),
+            Gather("index_select", (T, ids), (Out("T", Input(0)),), dtypes("index_select"), table=0, index=1,
+                   axis_attr=BUILTIN["index_select"].attr_index("axis"))]
 
 
 def matmul_kernels() -> list:
-    """matmul (attrs [transpose_x, transpose_y]) and matmul_grad: with A = op(x), B = op(y),
+    """matmul (flags transpose_x, transpose_y) and matmul_grad: with A = op(x), B = op(y),
     dA = dout B^T and dB = A^T dout, each written transposed when its operand is stored so."""
-    tx, ty, plain = Flag(0), Flag(1), Flag()
-    forward = Contraction("matmul", (T, T), (Out("T", Product(0, 1, tx, ty)),), FLOATS)
+    mm = BUILTIN["matmul"]
+    tx, ty, plain = Flag(mm.attr_index("transpose_x")), Flag(mm.attr_index("transpose_y")), Flag()
+    forward = Contraction("matmul", (T, T), (Out("T", Product(0, 1, tx, ty)),), dtypes("matmul"))
     grad = Contraction("matmul_grad", (T, T, T),
                        (Out("T", Product(2, 1, plain, ~ty, tout=tx)), Out("T", Product(0, 2, ~tx, plain, tout=ty))),
-                       FLOATS, batch=2)
+                       dtypes("matmul_grad"), batch=2)
     return [forward, grad]
 
 

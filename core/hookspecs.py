@@ -63,13 +63,35 @@ def anychip_register_devices():
 
 
 @hookspec
+def anychip_register_ops():
+    """Define ops of this plugin's own, beside anychip's (``anychip/ops/defs/``).
+
+    Returns:
+        A list of :class:`anychip.ops.definition.OpDef`. Each becomes an op like anychip's own:
+        kernels register under its name (``anychip_register_kernels``, called after this hook),
+        the conformance kit checks them with its cases, ``anychip ops`` lists it, a base op is
+        callable through ``anychip.ops.base_call.run`` and, where it names Paddle kernels, the
+        Paddle bridge serves them with its kernels. A name anychip or an earlier plugin already
+        defines is refused, with the reason listed by ``anychip devices``.
+
+    Example::
+
+        @anychip.hookimpl
+        def anychip_register_ops():
+            return [OpDef("log1p", "unary", "log(1 + x)", ("x",), ("out",), ("float32",),
+                          {"float32": (1e-5, 1e-6)}, cases, shape=same,
+                          reference_fn=unary_reference(lambda x, a: np.log1p(x)), paddle=("log1p",))]
+    """
+
+
+@hookspec
 def anychip_register_kernels(registry):
     """Register kernels for this plugin's devices.
 
     Args:
         registry: the :class:`anychip.KernelRegistry`. Call
             ``registry.register(op, device, dtypes, forward, backward=None, capabilities=())``
-            once per op and device. ``op`` is one of ``anychip.ops.OPS``; ``forward`` and
+            once per op and device. ``op`` is an op's name (``anychip ops``, or one the plugin defines); ``forward`` and
             ``backward`` are :class:`anychip.kernels.NativeKernel` (a C function following
             ``anychip/kernel.h``, whose op table fixes each kernel's inputs, outputs and attrs)
             or Python callables ``fn(inputs, outputs, attrs)`` over Paddle tensors.

@@ -42,6 +42,8 @@ class Registry:
     problems: list[PluginProblem] = field(default_factory=list)
     kernels: KernelRegistry = field(default_factory=KernelRegistry)
     codegen_backends: dict[str, object] = field(default_factory=dict)
+    ops: dict[str, object] = field(default_factory=dict)  # op name -> OpDef, from anychip_register_ops
+    op_plugin: dict[str, str] = field(default_factory=dict)
 
     def spec(self, name: str) -> DeviceSpec:
         if name not in self.devices:
@@ -119,6 +121,27 @@ def _device_specs(result) -> list[DeviceSpec]:
     return specs
 
 
+def _builtin_ops():
+    from .ops.defs import BUILTIN  # here: anychip.ops needs this module's registry() when it runs
+
+    return BUILTIN
+
+
+def _op_definitions(result) -> list:
+    """What an anychip_register_ops hook returned, as a list of OpDef."""
+    from .ops.definition import OpDef
+
+    if isinstance(result, OpDef) or not isinstance(result, Iterable):
+        raise TypeError(f"anychip_register_ops returned {type(result).__name__}, expected a list of "
+                        "anychip.ops.definition.OpDef")
+    ops = list(result)
+    for op in ops:
+        if not isinstance(op, OpDef):
+            raise TypeError(f"anychip_register_ops returned a {type(op).__name__} among its ops, expected "
+                            "anychip.ops.definition.OpDef")
+    return ops
+
+
 def discover() -> Registry:
     """Loads every installed plugin and collects what its hooks register."""
     reg = Registry()
@@ -175,6 +198,18 @@ def discover() -> Registry:
             reg.device_plugin[spec.name] = plugin
             if plugin in builtin:
                 builtin_devices[spec.name] = plugin
+
+    for impl in impls("anychip_register_ops"):
+        plugin = impl.plugin_name
+        if plugin in disabled:
+            continue
+        for op in call(plugin, "anychip_register_ops", lambda: _op_definitions(impl.function())) or ():
+            owner = "anychip" if op.name in _builtin_ops() else reg.op_plugin.get(op.name)
+            if owner is not None:
+                reg.problems.append(PluginProblem(plugin, f"op {op.name!r} is already defined by {owner}"))
+                continue
+            reg.ops[op.name] = op
+            reg.op_plugin[op.name] = f"plugin {plugin!r}"
 
     for impl in impls("anychip_register_kernels"):
         plugin = impl.plugin_name

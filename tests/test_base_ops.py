@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 from kernel_helpers import empty, kernel, store, value
 
-from anychip.ops.base import BASE_OPS, FLOATS, reduction_attrs
+from anychip.dtypes import FLOATS
+from anychip.ops import BASE_OPS
+from anychip.ops.base import reduction_attrs
 
 RNG = np.random.default_rng(7)
 

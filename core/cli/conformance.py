@@ -66,15 +66,15 @@ def _names(kind: str, known):
 
 
 def _known_ops():
-    from ..conformance.op_checks import ALL_SPECS
+    from ..ops.defs import definitions
 
-    return list(ALL_SPECS)
+    return list(definitions())
 
 
 def _known_dtypes():
-    from ..conformance.op_checks import ALL_SPECS
+    from ..ops.defs import definitions
 
-    return list(dict.fromkeys(d for spec in ALL_SPECS.values() for d in spec.dtypes))
+    return list(dict.fromkeys(d for spec in definitions().values() for d in spec.dtypes))
 
 
 def _known_sections():

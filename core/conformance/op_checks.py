@@ -1,5 +1,7 @@
 """Every registered op against its reference on one device: forward and backward, each dtype the
-op declares, on the sample inputs of :mod:`anychip.conformance.cases`, within the op's tolerance.
+op declares, on the sample inputs of its definition (:mod:`anychip.conformance.cases`), within
+the op's tolerance. The ops are anychip's fused ops, then its base ops (each grad op a
+forward-only op of its own), then those the plugins define.
 
 As in anychip's own op tests, inputs are drawn in float32, rounded to the dtype under test, and
 the reference runs on the host CPU in float32 from the same rounded values, so only the
@@ -12,14 +14,8 @@ import os
 
 import numpy as np
 
-from ..ops.base import BASE_OPS
-from ..ops.support import OPS, OpSpec
+from ..ops.defs import definitions
 from .result import FAIL, FALLBACK, NOT_DECLARED, PASS, SKIPPED, Result
-
-# The base operator set (anychip.ops.base) is checked after the fused ops: each base op, its grad
-# ops included, as a forward-only op with its declared dtypes and tolerances.
-BASE_SPECS = {n: OpSpec(n, d.summary, d.dtypes, False, d.tolerance) for n, d in BASE_OPS.items()}
-ALL_SPECS = {**OPS, **BASE_SPECS}
 
 GRAD_TOLERANCE_SCALE = 4
 # Integer outputs are quantization codes: a value within float error of a .5 boundary may round
@@ -62,15 +58,16 @@ def resolve_device(device: str) -> tuple[str, int]:
 def plan(ops=None, dtypes=None) -> list[tuple[str, str]]:
     """The (op, dtype) pairs to check: every op in ``ops`` (default all registered) for every
     dtype its spec declares, limited to ``dtypes`` when given."""
-    unknown = [op for op in ops or () if op not in ALL_SPECS]
+    specs = definitions()
+    unknown = [op for op in ops or () if op not in specs]
     if unknown:
-        raise ValueError(f"ops: unknown op(s) {', '.join(map(repr, unknown))}; known ops: {', '.join(ALL_SPECS)}")
-    known_dtypes = {d for spec in ALL_SPECS.values() for d in spec.dtypes}
+        raise ValueError(f"ops: unknown op(s) {', '.join(map(repr, unknown))}; known ops: {', '.join(specs)}")
+    known_dtypes = {d for spec in specs.values() for d in spec.dtypes}
     unknown = [d for d in dtypes or () if d not in known_dtypes]
     if unknown:
         raise ValueError(f"dtypes: unknown dtype(s) {', '.join(map(repr, unknown))}; "
                          f"the ops declare {', '.join(sorted(known_dtypes))}")
-    return [(op, dtype) for op in (ops or ALL_SPECS) for dtype in ALL_SPECS[op].dtypes
+    return [(op, dtype) for op in (ops or specs) for dtype in specs[op].dtypes
             if dtypes is None or dtype in dtypes]
 
 
@@ -81,7 +78,7 @@ def run_ops(device: str, ops=None, dtypes=None) -> list[Result]:
 
 
 def directions(op: str) -> tuple[str, ...]:
-    return ("fwd", "bwd") if ALL_SPECS[op].backward else ("fwd",)
+    return ("fwd", "bwd") if definitions()[op].backward else ("fwd",)
 
 
 def check_op(device: str, op: str, dtype: str) -> list[Result]:
@@ -102,10 +99,10 @@ def check_op(device: str, op: str, dtype: str) -> list[Result]:
 
 
 def sample_cases(op: str, dtype: str) -> list:
-    """The sample cases of ``op`` (fused or base) in ``dtype``."""
-    from .cases import base_cases, cases
+    """The sample cases of ``op`` in ``dtype``."""
+    from .cases import cases
 
-    return base_cases(op, dtype) if op in BASE_SPECS else cases(op, dtype)
+    return cases(op, dtype)
 
 
 def tally(op: str, dtype: str, run_case) -> list[Result]:
@@ -223,7 +220,7 @@ def _run_case(case, device, op, dtype) -> dict[str, tuple[str, float | None, str
     """{direction: (status, max |error|, detail)} of one case."""
     import anychip
 
-    spec = ALL_SPECS[op]
+    spec = definitions()[op]
     backward = spec.backward and bool(case.grads)
     inputs = {n: _rounded(a, dtype) if a.dtype.kind == "f" and n not in case.float32_inputs else a
               for n, a in case.inputs.items()}

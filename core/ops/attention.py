@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from . import checks
-from .dispatch import OpImpl, dtype_name, empty, launch, paddle, run, zeros
+from .dispatch import OpImpl, attrs, dtype_name, empty, launch, paddle, run, zeros
 
 MAX_HEAD_DIM = 256
 
@@ -28,7 +28,7 @@ class _Attention(OpImpl):
         o = empty(q.shape, dtype_name(q), self.device)
         lse = empty([b, hq, sq], "float32", self.device)
         inputs = [q, k, v] + ([mask] if mask is not None else [])
-        launch(kernel, self.name, self.device, inputs, [o, lse], [self.scale, float(self.causal)])
+        launch(kernel, self.name, self.device, inputs, [o, lse], attrs(self.name, scale=self.scale, causal=self.causal))
         return (o, lse), (q, k, v, o, lse) + ((mask,) if mask is not None else ()), [lse]
 
     def backward(self, kernel, saved, grads):
@@ -39,7 +39,8 @@ class _Attention(OpImpl):
         dk = empty(k.shape, dtype_name(k), self.device)
         dv = empty(v.shape, dtype_name(v), self.device)
         inputs = [do.contiguous(), q, k, v, o, lse] + ([mask] if mask is not None else [])
-        launch(kernel, self.name + "_grad", self.device, inputs, [dq, dk, dv], [self.scale, float(self.causal)])
+        launch(kernel, self.name + "_grad", self.device, inputs, [dq, dk, dv],
+               attrs(self.name, grad=True, scale=self.scale, causal=self.causal))
         return (dq, dk, dv) + ((None,) if self.has_mask else ())
 
     def reference(self, q, k, v, mask=None):

@@ -6,7 +6,7 @@ conformance kit use to exercise them (Paddle itself reaches them through the ker
     (s,) = base_call.run("sum", [x], base.reduction_attrs((0, 2), x.ndim, keepdim=False))
     (z,) = base_call.run("fill", [], [0.0], out_dtype="bfloat16", out_shape=[4, 8], device="xpu:0")
 
-``run`` checks the inputs against the op's declaration (:mod:`anychip.ops.base`), computes the
+``run`` checks the inputs against the op's declaration (its definition, :mod:`anychip.ops.defs`), computes the
 output shapes with its shape rule, allocates the outputs on the inputs' device, describes the
 inputs (stride 0 on broadcast dims for elementwise ops) and launches the registered kernel. A
 device without one runs the numpy reference on the host instead: a counted fallback (an error
@@ -22,7 +22,8 @@ from ..frontends.paddle import place as _place
 from ..plugins import registry
 from ..dtypes import DTYPE_BITS
 from . import checks
-from .base import BaseOp, base_op
+from .definition import OpDef
+from .defs import base_op
 from .checks import OpArgumentError
 from .dispatch import device_label, dtype_name, empty, launch, paddle
 
@@ -47,7 +48,7 @@ def _device(op: str, inputs, device) -> tuple[str, int]:
     return tuple(device)
 
 
-def _kernel_dtype(decl: BaseOp, inputs, out_dtype) -> str:
+def _kernel_dtype(decl: OpDef, inputs, out_dtype) -> str:
     if decl.dtype_of in decl.inputs:
         return dtype_name(inputs[decl.inputs.index(decl.dtype_of)])
     if out_dtype is None:
@@ -55,7 +56,7 @@ def _kernel_dtype(decl: BaseOp, inputs, out_dtype) -> str:
     return out_dtype
 
 
-def _check(decl: BaseOp, inputs, attrs, out_dtype, out_shape):
+def _check(decl: OpDef, inputs, attrs, out_dtype, out_shape):
     """(device, kernel dtype, output shapes, output dtypes), or OpArgumentError naming the problem."""
     op = decl.name
     if len(inputs) != len(decl.inputs):
@@ -110,7 +111,7 @@ def run(op: str, inputs, attrs=(), out_dtype: str | None = None, out_shape=None,
     return outs
 
 
-def _descriptors(decl: BaseOp, inputs, shapes, index: int) -> list[tuple]:
+def _descriptors(decl: OpDef, inputs, shapes, index: int) -> list[tuple]:
     """The inputs as the kernel takes them: elementwise inputs and matmul's x and y broadcast to
     the output's (batch) shape with stride 0, the rest as they are."""
     if decl.elementwise:

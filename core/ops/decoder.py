@@ -23,7 +23,7 @@ import numpy as np
 from ..dtypes import FLOATS
 from . import checks
 from .attention import reference_attention
-from .dispatch import OpImpl, descriptor, device_label, device_of, dtype_name, empty, launch, paddle, run
+from .dispatch import OpImpl, attrs, descriptor, device_label, device_of, dtype_name, empty, launch, paddle, run
 from .quant import dequantize, quantize_x_int8, x_int8_fits, x_int8_run
 from .rotary import _Rotary
 
@@ -162,13 +162,16 @@ class DecoderWeights:
                       f"{device_label(self.device)}; all weights must be on one device")
         self.tensors = [t for _, t in self._named]
         self.descriptors = tuple(descriptor(t, self.device[1]) for t in self.tensors)
-        self.attrs = [float(a) for a in (self.num_layers, num_heads, num_kv_heads, d, f, eps, theta,
-                                         self.has_qkv_bias)]
+        # the launch's attrs by name (anychip/ops/defs/decoder_step.py); a step adds its own
+        self.named_attrs = dict(L=self.num_layers, Hq=num_heads, Hk=num_kv_heads, D=d, F=f, eps=eps, theta=theta,
+                                has_qkv_bias=self.has_qkv_bias)
         for kind in _KINDS:
             bits, group_size, offsets = self._formats[kind]
-            self.attrs += [float(bits), float(group_size), float(offsets)]
+            self.named_attrs.update({f"{kind}_bits": bits, f"{kind}_group_size": group_size,
+                                     f"{kind}_has_offsets": offsets})
         if self.x_int8:
-            self.attrs.append(1.0)
+            self.named_attrs["x_int8"] = 1
+        self.attrs = attrs(OP, **self.named_attrs)
         self.layers, self.final_norm, self.head = layers, final_norm, head
 
     def __deepcopy__(self, memo):
@@ -246,15 +249,14 @@ class _DecoderStep(OpImpl):
         w = self.weights
         half = self.part in ("attention", "mlp")
         out = empty([x.shape[0], w.hidden if half else w.vocab], "float32", w.device)
-        inputs, attrs = [x, positions], w.attrs
+        inputs, step = [x, positions], {}
         if cache_rows is not None:
             inputs.append(cache_rows)
-        if cache_rows is not None or self.part != "all":  # the optional attrs go in order
-            mode = 0.0 if cache_rows is None else 2.0 if self.tables is not None else 1.0
-            attrs = attrs + ([] if w.x_int8 else [0.0]) + [mode]
+            step["has_cache_rows"] = 2 if self.tables is not None else 1
         if self.part != "all":
-            attrs = attrs + [float(PARTS[self.part]), float(self.layer)]
-        launch(kernel, OP, w.device, inputs + w.tensors, [out, k_cache, v_cache], attrs, described=w.descriptors)
+            step.update(part=PARTS[self.part], layer=self.layer)
+        launch(kernel, OP, w.device, inputs + w.tensors, [out, k_cache, v_cache],
+               attrs(OP, **w.named_attrs, **step) if step else w.attrs, described=w.descriptors)
         return out, (), [out]
 
     def reference(self, x, positions, k_cache, v_cache, cache_rows=None):

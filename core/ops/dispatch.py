@@ -105,6 +105,14 @@ def _stream(device: tuple[str, int]) -> int:
     return paddle().device.current_stream(paddle_device_string(*device)).stream_base.raw_stream
 
 
+def attrs(op: str, grad: bool = False, **values) -> list[float]:
+    """The attrs of a launch of anychip op ``op`` (``grad``: of its backward kernel), given by
+    name: in its definition's order, defaults filled in (``OpDef.attr_values``)."""
+    from .defs import BUILTIN  # here: the definitions import the op modules for their cases
+
+    return BUILTIN[op].attr_values(grad, **values)
+
+
 def launch(kernel, op: str, device: tuple[str, int], inputs, outputs, attrs=(), described=()) -> None:
     """Runs ``kernel`` for ``op`` on ``device``, ordered on the device's current Paddle stream:
     a host-code kernel in this thread for the host CPU, else through the device's bridge

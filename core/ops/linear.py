@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from . import checks
 from ..dtypes import DTYPE_BITS
-from .dispatch import OpImpl, dtype_name, empty, launch, paddle, run
+from .dispatch import OpImpl, attrs, dtype_name, empty, launch, paddle, run
 
 OP = "linear"
 # compute dtypes other than the tensors' own, by tensor dtype
@@ -34,7 +34,7 @@ class _Linear(OpImpl):
         self.needs = (not x.stop_gradient, not weight.stop_gradient, bias is not None and not bias.stop_gradient)
         y = empty(list(x.shape[:-1]) + [weight.shape[0]], dtype_name(x), self.device)
         launch(kernel, OP, self.device, [x, weight] + ([bias] if bias is not None else []), [y],
-               [DTYPE_BITS[self.compute]])
+               attrs(OP, compute=DTYPE_BITS[self.compute]))
         return y, (x, weight), []
 
     def backward(self, kernel, saved, grads):
@@ -47,7 +47,7 @@ class _Linear(OpImpl):
         dw = empty(weight.shape if need_dw else [0], dtype, self.device)
         outputs = [dx, dw] + ([empty([weight.shape[0]], dtype, self.device)] if need_db else [])
         launch(kernel, OP + "_grad", self.device, [dy, x, weight], outputs,
-               [int(need_dx), int(need_dw), DTYPE_BITS[self.compute]])
+               attrs(OP, grad=True, needs_dx=need_dx, needs_dweight=need_dw, compute=DTYPE_BITS[self.compute]))
         result = (dx if need_dx else None, dw if need_dw else None)
         return result + ((outputs[2] if need_db else None,) if self.has_bias else ())
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from . import checks
-from .dispatch import OpImpl, dtype_name, empty, launch, paddle, run
+from .dispatch import OpImpl, attrs, dtype_name, empty, launch, paddle, run
 
 OP = "rms_norm"
 
@@ -24,7 +24,7 @@ class _RmsNorm(OpImpl):
             h = empty(x.shape, dtype_name(x), self.device)
             inputs.append(residual)
             outputs.append(h)
-        launch(kernel, OP, self.device, inputs, outputs, [self.eps])
+        launch(kernel, OP, self.device, inputs, outputs, attrs(OP, eps=self.eps))
         if residual is None:
             return y, (x, weight, inv_rms), []
         return (y, h), (h, weight, inv_rms), []

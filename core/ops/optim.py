@@ -7,7 +7,7 @@ from collections import defaultdict
 from .. import fallback
 from ..plugins import registry
 from . import checks
-from .dispatch import dtype_name, launch, paddle
+from .dispatch import attrs as attrs_of, dtype_name, launch, paddle
 
 OP = "adamw_step"
 
@@ -53,7 +53,7 @@ def adamw_step(params, grads, moments1, moments2, *, lr: float, beta1: float = 0
         device = checks.same_device(OP, **{f"params[{i}]": p, f"grads[{i}]": g, f"moments1[{i}]": m,
                                            f"moments2[{i}]": v})
         groups[(device, dtype_name(p))].append((p, g, m, v))
-    attrs = [lr, beta1, beta2, eps, weight_decay, step]
+    attrs = attrs_of(OP, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay, step=step)
     for (device, dtype), members in groups.items():
         ps, gs, ms, vs = (list(col) for col in zip(*members))
         kernel = registry().kernels.find(OP, device[0], dtype)

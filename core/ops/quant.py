@@ -19,7 +19,7 @@ from . import checks
 from ..host_memory import huge_pages_for
 from ..kernels import NativeKernel
 from ..plugins import registry
-from .dispatch import (OpImpl, dense_descriptor, descriptor, device_of, dtype_name, empty, launch, launch_described,
+from .dispatch import (OpImpl, attrs, dense_descriptor, descriptor, device_of, dtype_name, empty, launch, launch_described,
                        paddle, run)
 
 GROUP_SIZES = (-1, 32, 64, 128)  # the usual ones; any divisor of K works
@@ -76,7 +76,8 @@ class _Quantize(OpImpl):
         qshape = [n, k] if self.bits == 8 else [n, k // 2]
         qweight = empty(qshape, "int8" if self.bits == 8 else "uint8", self.device)
         scales = empty([n, _groups(k, self.group_size)], "float32", self.device)
-        launch(kernel, self.name, self.device, [w], [qweight, scales], [self.bits, self.group_size])
+        launch(kernel, self.name, self.device, [w], [qweight, scales],
+               attrs(self.name, bits=self.bits, group_size=self.group_size))
         return (qweight, scales), (), [qweight, scales]
 
     def reference(self, w):
@@ -234,9 +235,10 @@ class _WeightOnly(OpImpl):
         """(offsets, bias) from the tensors after scales."""
         return rest[0] if self.has_offsets else None, rest[-1] if self.has_bias else None
 
-    def _attrs(self):
-        tail = [0, 1] if self.bf16_products else [1] if self.x_int8 else []
-        return [self.bits, self.group_size, int(self.has_offsets)] + tail
+    def _attrs(self, grad: bool = False):
+        flags = {} if grad else {"x_int8": 1} if self.x_int8 else {"bf16_products": 1} if self.bf16_products else {}
+        return attrs(self.name, grad, bits=self.bits, group_size=self.group_size, has_offsets=self.has_offsets,
+                     **flags)
 
     def forward(self, kernel, x, qweight, scales, *rest):
         y = empty(list(x.shape[:-1]) + [qweight.shape[0]], dtype_name(x), self.device)
@@ -249,7 +251,7 @@ class _WeightOnly(OpImpl):
         dy = grads[0].contiguous()
         k = qweight.shape[1] * (1 if self.bits == 8 else 2)
         dx = empty(list(dy.shape[:-1]) + [k], dtype_name(dy), self.device)
-        launch(kernel, self.name + "_grad", self.device, [dy, *saved], [dx], self._attrs()[:3])
+        launch(kernel, self.name + "_grad", self.device, [dy, *saved], [dx], self._attrs(grad=True))
         dbias = None
         if self.has_bias:
             dbias = dy.astype("float32").reshape([-1, dy.shape[-1]]).sum(axis=0).astype(dy.dtype)

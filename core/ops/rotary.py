@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import checks
-from .dispatch import OpImpl, dtype_name, empty, launch, paddle, run, zeros
+from .dispatch import OpImpl, attrs, dtype_name, empty, launch, paddle, run, zeros
 
 OP = "rotary_embedding"
 
@@ -19,7 +19,7 @@ class _Rotary(OpImpl):
     def _rotate(self, kernel, op, q, k, positions):
         q_out = empty(q.shape, dtype_name(q), self.device)
         k_out = empty(k.shape, dtype_name(k), self.device)
-        launch(kernel, op, self.device, [q, k, positions], [q_out, k_out], [self.theta])
+        launch(kernel, op, self.device, [q, k, positions], [q_out, k_out], attrs(OP, grad=op != OP, theta=self.theta))
         return q_out, k_out
 
     def forward(self, kernel, q, k, positions):

@@ -3,8 +3,8 @@ ABI of ``anychip/kernel.h``, AMX / AVX-512 / AVX2 / scalar picked at run time) a
 whose device memory is host memory registers them: the cpu device registers all of them, and
 each simulated chip those of the dtypes its traits allow.
 
-The base ops' hand-written kernels (``kernels/base_*.cc``, the contract in
-``anychip.ops.base``) are registered separately, by :func:`register_base_kernels`: a chip
+The base ops' hand-written kernels (``kernels/base_*.cc``, their definitions in
+``anychip.ops.defs``) are registered separately, by :func:`register_base_kernels`: a chip
 chooses them (xpu) or generated ones (npu, anychip codegen); the cpu device does not need them,
 since Paddle's own CPU kernels serve it."""
 
@@ -14,27 +14,10 @@ import ctypes
 import functools
 from pathlib import Path
 
-from anychip.dtypes import FLOATS as _FLOATS
 from anychip.kernels import NativeKernel
-from anychip.ops.base import BASE_OPS
+from anychip.ops import BASE_OPS, OPS
 
 LIBRARY = Path(__file__).with_name("libanychip_host_kernels.so")
-
-
-# op -> (forward kernel, backward kernel or None, dtypes); kernels are exported as anychip_cpu_<name>
-HOST_KERNELS = {
-    "rms_norm": ("rms_norm", "rms_norm_grad", _FLOATS),
-    "rotary_embedding": ("rotary_embedding", "rotary_embedding_grad", _FLOATS),
-    "swiglu": ("swiglu", "swiglu_grad", _FLOATS),
-    "attention": ("attention", "attention_grad", _FLOATS),
-    "flashmask_attention": ("flashmask_attention", "flashmask_attention_grad", _FLOATS),
-    "linear": ("linear", "linear_grad", _FLOATS),
-    "weight_quantize": ("weight_quantize", None, _FLOATS),
-    "weight_only_linear": ("weight_only_linear", "weight_only_linear_grad", _FLOATS),
-    "w8a8_linear": ("w8a8_linear", None, _FLOATS),
-    "adamw_step": ("adamw_step", None, ("float32", "bfloat16")),
-    "decoder_step": ("decoder_step", None, _FLOATS),
-}
 
 
 ISAS = ("scalar", "avx2", "avx512", "amx")  # the kernels' tiers, lowest first
@@ -79,17 +62,19 @@ def _kernel(name: str) -> NativeKernel:
 
 
 def register_host_kernels(registry, device: str, dtypes, exclude=()) -> None:
-    """Registers every host kernel for ``device``, restricted to ``dtypes``, except the ops in
-    ``exclude`` (which the device gets elsewhere, e.g. from CodeGen)."""
-    for op, (forward, backward, op_dtypes) in HOST_KERNELS.items():
-        allowed = [d for d in op_dtypes if d in dtypes and op not in exclude]
+    """Registers the host kernel of every anychip fused op (``anychip.ops.OPS``: exported as
+    ``anychip_cpu_<op>``, its backward as ``anychip_cpu_<grad>``) for ``device``, for the op's
+    dtypes among ``dtypes``, except the ops in ``exclude`` (which the device gets elsewhere,
+    e.g. from CodeGen)."""
+    for op in OPS.values():
+        allowed = [d for d in op.dtypes if d in dtypes and op.name not in exclude]
         if allowed:
-            registry.register(op, device, allowed, forward=_kernel(forward),
-                              backward=_kernel(backward) if backward else None)
+            registry.register(op.name, device, allowed, forward=_kernel(op.name),
+                              backward=_kernel(op.grad) if op.grad else None)
 
 
 def register_base_kernels(registry, device: str, dtypes, exclude=()) -> None:
-    """Registers the hand-written kernel of every base op (exported as ``anychip_cpu_<op>``) for
+    """Registers the hand-written kernel of every anychip base op (exported as ``anychip_cpu_<op>``) for
     ``device``, restricted to ``dtypes``, except the ops in ``exclude``. A grad op is registered
     under its own name and also as the backward of its forward op."""
     for op in BASE_OPS.values():

@@ -39,7 +39,7 @@ def plan(registry, device: str) -> tuple[dict[tuple[str, str], NativeKernel], di
     Only C-ABI kernels (NativeKernel) count; Python kernels have no place in a C++ library.
     The table holds every base-op kernel of the device, not only those of the served dtypes: a
     wrapper may need one of another dtype (e.g. ``cast`` of an int32 index to int64)."""
-    from ...ops.base import BASE_OPS  # here: anychip.ops imports anychip.frontends.paddle, which imports this module
+    from ...ops.defs import BASE_OPS  # here: anychip.ops imports anychip.frontends.paddle, which imports this module
 
     served: dict[str, list[str]] = {}
     for pk in PADDLE_KERNELS:

@@ -87,12 +87,13 @@ AnychipStatus step(const AnychipKernelCall* call) {
                  data<float>(out(call, 2 * n + j))};
     start[j + 1] = start[j] + numel(in(call, j));
   }
-  const double lr = attr(call, 0), beta1 = attr(call, 1), beta2 = attr(call, 2), step = attr(call, 5);
-  const Hyper h{static_cast<float>(lr), static_cast<float>(lr * attr(call, 4)), static_cast<float>(beta1),
+  const double lr = attr(call, ANYCHIP_ATTR_ADAMW_STEP_LR), beta1 = attr(call, ANYCHIP_ATTR_ADAMW_STEP_BETA1);
+  const double beta2 = attr(call, ANYCHIP_ATTR_ADAMW_STEP_BETA2), step = attr(call, ANYCHIP_ATTR_ADAMW_STEP_STEP);
+  const Hyper h{static_cast<float>(lr), static_cast<float>(lr * attr(call, ANYCHIP_ATTR_ADAMW_STEP_WEIGHT_DECAY)), static_cast<float>(beta1),
                 static_cast<float>(1.0 - beta1), static_cast<float>(beta2), static_cast<float>(1.0 - beta2),
                 static_cast<float>(1.0 / (1.0 - std::pow(beta1, step))),
                 static_cast<float>(1.0 / (1.0 - std::pow(beta2, step))),
-                static_cast<float>(attr(call, 3))};
+                static_cast<float>(attr(call, ANYCHIP_ATTR_ADAMW_STEP_EPS))};
   const int64_t total = start[n];
   const bool vector = isa() >= Isa::kAvx512;
 #pragma omp parallel num_threads(threads(call)) if (total >= kParallelElements)

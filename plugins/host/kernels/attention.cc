@@ -32,7 +32,8 @@ ANYCHIP_CPU_KERNEL(attention) {
   const Engine* e = nullptr;
   if (AnychipStatus s = check_qkv(call, op, q, k, v, &e); s != ANYCHIP_OK) return s;
   if (AnychipStatus s = check_forward_outputs(call, op, q); s != ANYCHIP_OK) return s;
-  const Geometry g = make_geometry(q, k, attr(call, 0, 1.0), attr(call, 1) != 0.0);
+  const Geometry g = make_geometry(q, k, attr(call, ANYCHIP_ATTR_ATTENTION_SCALE, 1.0),
+                                   attr(call, ANYCHIP_ATTR_ATTENTION_CAUSAL) != 0.0);
   if (call->num_inputs < 4) return forward(call, *e, g, CausalPolicy{}, forward_io(call));
   DensePolicy policy;
   if (AnychipStatus s = dense_policy(call, op, 3, g, &policy); s != ANYCHIP_OK) return s;
@@ -43,7 +44,8 @@ ANYCHIP_CPU_KERNEL(attention_grad) {
   constexpr const char* op = "attention_grad";
   const Engine* e = nullptr;
   if (AnychipStatus s = check_backward(call, op, &e); s != ANYCHIP_OK) return s;
-  const Geometry g = make_geometry(in(call, 1), in(call, 2), attr(call, 0, 1.0), attr(call, 1) != 0.0);
+  const Geometry g = make_geometry(in(call, 1), in(call, 2), attr(call, ANYCHIP_ATTR_ATTENTION_GRAD_SCALE, 1.0),
+                                   attr(call, ANYCHIP_ATTR_ATTENTION_GRAD_CAUSAL) != 0.0);
   if (call->num_inputs < 7) return backward(call, *e, g, CausalPolicy{}, backward_io(call));
   DensePolicy policy;
   if (AnychipStatus s = dense_policy(call, op, 6, g, &policy); s != ANYCHIP_OK) return s;

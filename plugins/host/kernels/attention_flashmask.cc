@@ -76,7 +76,8 @@ ANYCHIP_CPU_KERNEL(flashmask_attention) {
   const Engine* e = nullptr;
   if (AnychipStatus s = check_qkv(call, op, q, k, v, &e); s != ANYCHIP_OK) return s;
   if (AnychipStatus s = check_forward_outputs(call, op, q); s != ANYCHIP_OK) return s;
-  const Geometry g = make_geometry(q, k, attr(call, 0, 1.0), attr(call, 1) != 0.0);
+  const Geometry g = make_geometry(q, k, attr(call, ANYCHIP_ATTR_FLASHMASK_ATTENTION_SCALE, 1.0),
+                                   attr(call, ANYCHIP_ATTR_FLASHMASK_ATTENTION_CAUSAL) != 0.0);
   FlashBounds bounds;
   FlashPolicy policy;
   if (AnychipStatus s = flash_policy(call, op, 3, g, &bounds, &policy); s != ANYCHIP_OK) return s;
@@ -89,7 +90,8 @@ ANYCHIP_CPU_KERNEL(flashmask_attention_grad) {
   if (AnychipStatus s = check_backward(call, op, &e); s != ANYCHIP_OK) return s;
   if (call->num_inputs < 7)
     return fail(call, ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: expects do, q, k, v, o, lse, startend_row_indices", op);
-  const Geometry g = make_geometry(in(call, 1), in(call, 2), attr(call, 0, 1.0), attr(call, 1) != 0.0);
+  const Geometry g = make_geometry(in(call, 1), in(call, 2), attr(call, ANYCHIP_ATTR_FLASHMASK_ATTENTION_GRAD_SCALE, 1.0),
+                                   attr(call, ANYCHIP_ATTR_FLASHMASK_ATTENTION_GRAD_CAUSAL) != 0.0);
   FlashBounds bounds;
   FlashPolicy policy;
   if (AnychipStatus s = flash_policy(call, op, 6, g, &bounds, &policy); s != ANYCHIP_OK) return s;

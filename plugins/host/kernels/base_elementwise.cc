@@ -126,8 +126,11 @@ enum class Unary { kExp, kLog, kSqrt, kRsqrt, kSilu, kSigmoid, kTanh, kAbs, kNeg
 template <Unary kOp>
 AnychipStatus unary(const AnychipKernelCall* call, const char* name) {
   if (AnychipStatus s = require_output_shape(call, name); s != ANYCHIP_OK) return s;
-  const float a0 = static_cast<float>(attr(call, 0, 1.0)), a1 = static_cast<float>(attr(call, 1, 0.0));
-  const bool after = attr(call, 2, 1.0) != 0.0;
+  // scale's attrs (pow reads its factor where scale has its own): the other ops ignore them
+  static_assert(ANYCHIP_ATTR_POW_FACTOR == ANYCHIP_ATTR_SCALE_SCALE, "pow's factor is read as a0");
+  const float a0 = static_cast<float>(attr(call, ANYCHIP_ATTR_SCALE_SCALE, 1.0));
+  const float a1 = static_cast<float>(attr(call, ANYCHIP_ATTR_SCALE_BIAS, 0.0));
+  const bool after = attr(call, ANYCHIP_ATTR_SCALE_BIAS_AFTER_SCALE, 1.0) != 0.0;
   return dispatch<kFloats>(call, in(call, 0).dtype, name, [&]<typename T>() {
     return map1<T, T>(call, [=](T v) {
       const float x = to_float(v);
@@ -306,7 +309,7 @@ ANYCHIP_CPU_KERNEL(cast) {
 }
 
 ANYCHIP_CPU_KERNEL(fill) {
-  const double value = attr(call, 0);
+  const double value = attr(call, ANYCHIP_ATTR_FILL_VALUE);
   const Layout l = collapse(out(call, 0), nullptr, 0);
   return dispatch<kAll>(call, out(call, 0).dtype, "fill", [&]<typename T>() {
     const T v = store<T>(value);

@@ -38,7 +38,7 @@ ANYCHIP_CPU_KERNEL(embedding) {
   const AnychipTensor &ids_t = in(call, 0), &w = in(call, 1);
   const int64_t n = numel(ids_t), v = w.shape[0], c = w.shape[1];
   const int64_t* ids = data<const int64_t>(ids_t);
-  const int64_t pad = static_cast<int64_t>(attr(call, 0, -1));
+  const int64_t pad = static_cast<int64_t>(attr(call, ANYCHIP_ATTR_EMBEDDING_PADDING_IDX, -1));
   if (const int64_t i = bad_index(ids, n, v); i >= 0) {
     return fail(call, ANYCHIP_ERROR_INVALID_ARGUMENT, "embedding: id %lld at %lld is outside [0, %lld)",
                 static_cast<long long>(ids[i]), static_cast<long long>(i), static_cast<long long>(v));
@@ -64,7 +64,7 @@ ANYCHIP_CPU_KERNEL(embedding_grad) {
   const AnychipTensor &ids_t = in(call, 0), &dw = out(call, 0);
   const int64_t n = numel(ids_t), v = dw.shape[0], c = dw.shape[1];
   const int64_t* ids = data<const int64_t>(ids_t);
-  const int64_t pad = static_cast<int64_t>(attr(call, 0, -1));
+  const int64_t pad = static_cast<int64_t>(attr(call, ANYCHIP_ATTR_EMBEDDING_GRAD_PADDING_IDX, -1));
   if (const int64_t i = bad_index(ids, n, v); i >= 0) {
     return fail(call, ANYCHIP_ERROR_INVALID_ARGUMENT, "embedding_grad: id %lld at %lld is outside [0, %lld)",
                 static_cast<long long>(ids[i]), static_cast<long long>(i), static_cast<long long>(v));
@@ -94,7 +94,7 @@ ANYCHIP_CPU_KERNEL(embedding_grad) {
 ANYCHIP_CPU_KERNEL(index_select) {
   if (AnychipStatus s = require_contiguous(call, "index_select"); s != ANYCHIP_OK) return s;
   const AnychipTensor& x = in(call, 0);
-  int axis = static_cast<int>(attr(call, 0));
+  int axis = static_cast<int>(attr(call, ANYCHIP_ATTR_INDEX_SELECT_AXIS));
   if (axis < 0) axis += x.rank;
   if (axis < 0 || axis >= x.rank) return fail(call, ANYCHIP_ERROR_INVALID_ARGUMENT, "index_select: axis out of range");
   int64_t outer = 1, inner = 1;
@@ -122,7 +122,7 @@ ANYCHIP_CPU_KERNEL(index_select) {
 // -> out[n] = start + i * step in out's dtype (computed in double, then converted).
 ANYCHIP_CPU_KERNEL(arange) {
   const AnychipTensor& o = out(call, 0);
-  const double start = attr(call, 0), step = attr(call, 1, 1.0);
+  const double start = attr(call, ANYCHIP_ATTR_ARANGE_START), step = attr(call, ANYCHIP_ATTR_ARANGE_STEP, 1.0);
   const int64_t n = numel(o);
   return dispatch<kFloats | kInts>(call, o.dtype, "arange", [&]<typename T>() {
     T* y = data<T>(o);

@@ -183,7 +183,7 @@ using namespace anychip::cpu::base;
 
 ANYCHIP_CPU_KERNEL(matmul) {
   if (AnychipStatus s = check_ranks(call, "matmul", 2); s != ANYCHIP_OK) return s;
-  const bool tx = attr(call, 0) != 0.0, ty = attr(call, 1) != 0.0;
+  const bool tx = attr(call, ANYCHIP_ATTR_MATMUL_TRANSPOSE_X) != 0.0, ty = attr(call, ANYCHIP_ATTR_MATMUL_TRANSPOSE_Y) != 0.0;
   const AnychipTensor& o = out(call, 0);
   const View a = matrix(in(call, 0), tx), b = matrix(in(call, 1), ty), c = matrix(o, false);
   if (a.cols != b.rows || a.rows != c.rows || b.cols != c.cols) {
@@ -199,7 +199,8 @@ ANYCHIP_CPU_KERNEL(matmul) {
 // the transposed views when x or y is stored transposed.
 ANYCHIP_CPU_KERNEL(matmul_grad) {
   if (AnychipStatus s = check_ranks(call, "matmul_grad", 3); s != ANYCHIP_OK) return s;
-  const bool tx = attr(call, 0) != 0.0, ty = attr(call, 1) != 0.0;
+  const bool tx = attr(call, ANYCHIP_ATTR_MATMUL_GRAD_TRANSPOSE_X) != 0.0;
+  const bool ty = attr(call, ANYCHIP_ATTR_MATMUL_GRAD_TRANSPOSE_Y) != 0.0;
   const AnychipTensor& dout = in(call, 2);
   const View a = matrix(in(call, 0), tx), b = matrix(in(call, 1), ty), d = matrix(dout, false);
   const View da = matrix(out(call, 0), tx), db = matrix(out(call, 1), ty);

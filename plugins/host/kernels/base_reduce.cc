@@ -30,13 +30,16 @@ struct Split {
 
 AnychipStatus split_axes(const AnychipKernelCall* call, const char* op, Split& s) {
   const AnychipTensor& x = in(call, 0);
-  const int n = static_cast<int>(attr(call, 1));
-  if (n < 0 || n > x.rank || call->num_attrs != 2 + n) {
+  // sum, mean and max share their attrs' places
+  static_assert(ANYCHIP_ATTR_MEAN_AXES == ANYCHIP_ATTR_SUM_AXES && ANYCHIP_ATTR_MAX_AXES == ANYCHIP_ATTR_SUM_AXES,
+                "the reductions' attrs");
+  const int n = static_cast<int>(attr(call, ANYCHIP_ATTR_SUM_N));
+  if (n < 0 || n > x.rank || call->num_attrs != ANYCHIP_ATTR_SUM_AXES + n) {
     return fail(call, ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: attrs must be [keepdim, n, n axes]", op);
   }
   bool reduced[ANYCHIP_MAX_RANK] = {};
   for (int i = 0; i < n; ++i) {
-    const int a = static_cast<int>(attr(call, 2 + i));
+    const int a = static_cast<int>(attr(call, ANYCHIP_ATTR_SUM_AXES + i));
     if (a < 0 || a >= x.rank || reduced[a]) return fail(call, ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: bad axis %d", op, a);
     reduced[a] = true;
   }
@@ -157,7 +160,8 @@ AnychipStatus around(const AnychipKernelCall* call, const char* op, Around& a) {
   const AnychipTensor& x = in(call, 0);
   if (AnychipStatus s = require_contiguous(call, op); s != ANYCHIP_OK) return s;
   const int rank = x.rank;
-  int axis = static_cast<int>(attr(call, 0, -1));
+  static_assert(ANYCHIP_ATTR_SOFTMAX_AXIS == ANYCHIP_ATTR_SOFTMAX_GRAD_AXIS, "softmax's attrs");
+  int axis = static_cast<int>(attr(call, ANYCHIP_ATTR_SOFTMAX_AXIS, -1));
   if (rank == 0) return ANYCHIP_OK;
   if (axis < 0) axis += rank;
   if (axis < 0 || axis >= rank) return fail(call, ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: axis out of range", op);
@@ -237,7 +241,7 @@ ANYCHIP_CPU_KERNEL(cross_entropy_with_softmax) {
   const AnychipTensor& logits = in(call, 0);
   const int64_t v = last_dim(logits), r = rows(logits);
   const int64_t* label = data<const int64_t>(in(call, 1));
-  const int64_t ignore = static_cast<int64_t>(attr(call, 0, -100));
+  const int64_t ignore = static_cast<int64_t>(attr(call, ANYCHIP_ATTR_CROSS_ENTROPY_WITH_SOFTMAX_IGNORE_INDEX, -100));
   for (int64_t i = 0; i < r; ++i) {
     if (label[i] != ignore && (label[i] < 0 || label[i] >= v)) {
       return fail(call, ANYCHIP_ERROR_INVALID_ARGUMENT,
@@ -269,7 +273,7 @@ ANYCHIP_CPU_KERNEL(cross_entropy_with_softmax_grad) {
   const AnychipTensor& smt = in(call, 1);
   const int64_t v = last_dim(smt), r = rows(smt);
   const int64_t* label = data<const int64_t>(in(call, 0));
-  const int64_t ignore = static_cast<int64_t>(attr(call, 0, -100));
+  const int64_t ignore = static_cast<int64_t>(attr(call, ANYCHIP_ATTR_CROSS_ENTROPY_WITH_SOFTMAX_GRAD_IGNORE_INDEX, -100));
   return dispatch<kFloats>(call, smt.dtype, "cross_entropy_with_softmax_grad", [&]<typename T>() {
     const T *sm = data<const T>(smt), *dloss = data<const T>(in(call, 2));
     T* dx = data<T>(out(call, 0));

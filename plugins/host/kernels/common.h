@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "anychip/kernel.h"
+#include "anychip/ops.h"
 
 namespace anychip::cpu {
 

@@ -33,9 +33,11 @@ using decoder::Layer;
 using decoder::Lin;
 using decoder::Model;
 
-constexpr int kAttrsPerLin = 3;
+// The LIN kinds' formats (bits, group_size, has_offsets) follow each other in the attrs.
+constexpr int kAttrsPerLin = ANYCHIP_ATTR_DECODER_STEP_O_BITS - ANYCHIP_ATTR_DECODER_STEP_QKV_BITS;
 constexpr int kLinKinds = 5;
-constexpr int kFixedAttrs = 8;
+static_assert(ANYCHIP_ATTR_DECODER_STEP_HEAD_BITS == ANYCHIP_ATTR_DECODER_STEP_QKV_BITS + kAttrsPerLin * (kLinKinds - 1),
+              "the LIN kinds' formats are qkv, o, gate_up, down, head in anychip/ops.h");
 const char* const kLinNames[kLinKinds] = {"qkv", "o", "gate_up", "down", "head"};
 
 struct Format {
@@ -346,38 +348,39 @@ void run(const Step& st, float* scratch) {
 
 ANYCHIP_CPU_KERNEL(decoder_step) {
   constexpr const char* kOp = "decoder_step";
-  constexpr int kFormatAttrs = kFixedAttrs + kAttrsPerLin * kLinKinds;
-  if (call->num_attrs < kFormatAttrs || call->num_attrs > kFormatAttrs + 4)
+  constexpr int kFormatAttrs = ANYCHIP_ATTR_DECODER_STEP_X_INT8;  // the attrs every call passes
+  if (call->num_attrs < kFormatAttrs || call->num_attrs > ANYCHIP_NUM_ATTRS_DECODER_STEP)
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED,
                 "%s: expected %d attrs (then optionally x_int8, has_cache_rows, part, layer), got %d", kOp, kFormatAttrs,
                 call->num_attrs);
   if (call->num_inputs < 2 || call->num_outputs != 3)
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: expected x, positions, the weights -> logits, k_cache, v_cache", kOp);
   Model m;
-  m.layers = static_cast<int64_t>(attr(call, 0));
-  m.hq = static_cast<int64_t>(attr(call, 1));
-  m.hk = static_cast<int64_t>(attr(call, 2));
-  m.d = static_cast<int64_t>(attr(call, 3));
-  m.f = static_cast<int64_t>(attr(call, 4));
-  m.eps = static_cast<float>(attr(call, 5));
-  m.theta = static_cast<float>(attr(call, 6));
-  const bool has_bias = attr(call, 7) != 0.0;
-  const double x_int8 = attr(call, kFormatAttrs, 0.0);
+  m.layers = static_cast<int64_t>(attr(call, ANYCHIP_ATTR_DECODER_STEP_L));
+  m.hq = static_cast<int64_t>(attr(call, ANYCHIP_ATTR_DECODER_STEP_HQ));
+  m.hk = static_cast<int64_t>(attr(call, ANYCHIP_ATTR_DECODER_STEP_HK));
+  m.d = static_cast<int64_t>(attr(call, ANYCHIP_ATTR_DECODER_STEP_D));
+  m.f = static_cast<int64_t>(attr(call, ANYCHIP_ATTR_DECODER_STEP_F));
+  m.eps = static_cast<float>(attr(call, ANYCHIP_ATTR_DECODER_STEP_EPS));
+  m.theta = static_cast<float>(attr(call, ANYCHIP_ATTR_DECODER_STEP_THETA));
+  const bool has_bias = attr(call, ANYCHIP_ATTR_DECODER_STEP_HAS_QKV_BIAS) != 0.0;
+  const double x_int8 = attr(call, ANYCHIP_ATTR_DECODER_STEP_X_INT8, 0.0);
   if (x_int8 != 0.0 && x_int8 != 1.0)
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: x_int8 must be 0 or 1, got %g", kOp, x_int8);
   m.x_int8 = x_int8 == 1.0;
-  const double has_rows = attr(call, kFormatAttrs + 1, 0.0);
+  const double has_rows = attr(call, ANYCHIP_ATTR_DECODER_STEP_HAS_CACHE_ROWS, 0.0);
   if (has_rows != 0.0 && has_rows != 1.0 && has_rows != 2.0)
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: has_cache_rows must be 0, 1 or 2 (block tables), got %g", kOp,
                 has_rows);
   const bool paged = has_rows == 2.0;
-  const double part = attr(call, kFormatAttrs + 2, 0.0), part_layer = attr(call, kFormatAttrs + 3, 0.0);
+  const double part = attr(call, ANYCHIP_ATTR_DECODER_STEP_PART, 0.0);
+  const double part_layer = attr(call, ANYCHIP_ATTR_DECODER_STEP_LAYER, 0.0);
   if (part != 0.0 && part != 1.0 && part != 2.0 && part != 3.0)
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: part must be 0 (all), 1 (attention), 2 (mlp) or 3 (head), got %g",
                 kOp, part);
-  if (part_layer != std::floor(part_layer) || part_layer < 0.0 || part_layer >= attr(call, 0))
-    return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: layer must be one of the %g layers, got %g", kOp, attr(call, 0),
-                part_layer);
+  if (part_layer != std::floor(part_layer) || part_layer < 0.0 || part_layer >= static_cast<double>(m.layers))
+    return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: layer must be one of the %lld layers, got %g", kOp,
+                static_cast<long long>(m.layers), part_layer);
   if (m.layers < 1 || m.layers > call->num_inputs || m.hq < 1 || m.hk < 1 || m.hq % m.hk != 0 || m.d < 2 || m.d % 2 != 0 || m.f < 1 ||
       !(m.eps > 0.0f) || !(m.theta > 0.0f))
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED,
@@ -387,7 +390,7 @@ ANYCHIP_CPU_KERNEL(decoder_step) {
                 static_cast<long long>(m.d), static_cast<long long>(m.f), m.eps, m.theta);
   Format fmt[kLinKinds];
   for (int i = 0; i < kLinKinds; ++i) {
-    const double* a = call->attrs + kFixedAttrs + kAttrsPerLin * i;
+    const double* a = call->attrs + ANYCHIP_ATTR_DECODER_STEP_QKV_BITS + kAttrsPerLin * i;
     fmt[i] = {static_cast<int>(a[0]), static_cast<int64_t>(a[1]), a[2] != 0.0};
     if (fmt[i].bits != 0 && fmt[i].bits != 4 && fmt[i].bits != 8 && fmt[i].bits != 16)
       return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: %s has bits %d, expected 0 (float32), 4, 8 or 16 (bfloat16)", kOp,

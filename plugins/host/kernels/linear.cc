@@ -308,7 +308,7 @@ ANYCHIP_CPU_KERNEL(linear) {
                 static_cast<long long>(k));
   const int64_t n = w.shape[0];
   const Isa isa = anychip::cpu::isa();
-  const Compute compute(call, 0, x.dtype, isa);
+  const Compute compute(call, ANYCHIP_ATTR_LINEAR_COMPUTE, x.dtype, isa);
   if (!compute.valid) return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: %s", what, kComputeError);
   if (m == 0 || n == 0) return ANYCHIP_OK;
   std::vector<float> bias_f;
@@ -331,7 +331,7 @@ ANYCHIP_CPU_KERNEL(linear) {
 
 ANYCHIP_CPU_KERNEL(linear_grad) {
   const char* what = "linear_grad";
-  const int needs_dx = flag(call, 0), needs_dw = flag(call, 1);
+  const int needs_dx = flag(call, ANYCHIP_ATTR_LINEAR_GRAD_NEEDS_DX), needs_dw = flag(call, ANYCHIP_ATTR_LINEAR_GRAD_NEEDS_DWEIGHT);
   if (needs_dx < 0 || needs_dw < 0)
     return fail(call, ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: needs_dx and needs_dweight must be 0 or 1", what);
   if (call->num_inputs < 3 || call->num_outputs < 2)
@@ -358,7 +358,7 @@ ANYCHIP_CPU_KERNEL(linear_grad) {
                 "dweight like weight, dbias [N]", what);
   const int64_t n = w.shape[0];
   const Isa isa = anychip::cpu::isa();
-  const Compute compute(call, 2, dtype, isa);
+  const Compute compute(call, ANYCHIP_ATTR_LINEAR_GRAD_COMPUTE, dtype, isa);
   if (!compute.valid) return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: %s", what, kComputeError);
   const int nt = threads(call);
   const Matrix dym = matrix(dy, m, n);

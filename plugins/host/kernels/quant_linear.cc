@@ -24,9 +24,15 @@
 namespace anychip::cpu::quant {
 namespace {
 
-// A 0/1 flag attr (absent: 0), or -1 if it is neither: attr 2 has_offsets, 3 x_int8, 4
-// bf16_products (float32 x multiplied in bf16).
-constexpr int kOffsetsAttr = 2, kXInt8Attr = 3, kBf16ProductsAttr = 4;
+// A 0/1 flag attr (absent: 0), or -1 if it is neither: has_offsets, x_int8, bf16_products
+// (float32 x multiplied in bf16). The grad kernel's has_offsets is where the forward's is.
+constexpr int kOffsetsAttr = ANYCHIP_ATTR_WEIGHT_ONLY_LINEAR_HAS_OFFSETS;
+constexpr int kXInt8Attr = ANYCHIP_ATTR_WEIGHT_ONLY_LINEAR_X_INT8;
+constexpr int kBf16ProductsAttr = ANYCHIP_ATTR_WEIGHT_ONLY_LINEAR_BF16_PRODUCTS;
+static_assert(ANYCHIP_ATTR_WEIGHT_ONLY_LINEAR_GRAD_BITS == ANYCHIP_ATTR_WEIGHT_ONLY_LINEAR_BITS &&
+                  ANYCHIP_ATTR_WEIGHT_ONLY_LINEAR_GRAD_GROUP_SIZE == ANYCHIP_ATTR_WEIGHT_ONLY_LINEAR_GROUP_SIZE &&
+                  ANYCHIP_ATTR_WEIGHT_ONLY_LINEAR_GRAD_HAS_OFFSETS == kOffsetsAttr,
+              "read_weight reads the forward's and the grad's formats alike");
 int flag_attr(const AnychipKernelCall* call, int index) {
   const double v = attr(call, index, 0.0);
   return v == 0.0 ? 0 : v == 1.0 ? 1 : -1;
@@ -50,8 +56,8 @@ AnychipTensor rounded_bf16(const AnychipTensor& x, int64_t m, int64_t k, std::ve
 AnychipStatus read_weight(const AnychipKernelCall* call, int qi, int64_t k, QWeight* w, const char* what) {
   const AnychipTensor& q = in(call, qi);
   const AnychipTensor& s = in(call, qi + 1);
-  const int bits = static_cast<int>(attr(call, 0));
-  const int64_t group_size = static_cast<int64_t>(attr(call, 1, -1));
+  const int bits = static_cast<int>(attr(call, ANYCHIP_ATTR_WEIGHT_ONLY_LINEAR_BITS));
+  const int64_t group_size = static_cast<int64_t>(attr(call, ANYCHIP_ATTR_WEIGHT_ONLY_LINEAR_GROUP_SIZE, -1));
   if (bits != 4 && bits != 8) return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: bits %d is not 4 or 8", what, bits);
   if (q.rank != 2 || s.rank != 2 || s.dtype != ANYCHIP_DTYPE_FLOAT32 || !is_contiguous(q) || !is_contiguous(s))
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: qweight and scales must be contiguous 2-D, scales float32", what);

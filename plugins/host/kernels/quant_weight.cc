@@ -81,8 +81,8 @@ ANYCHIP_CPU_KERNEL(weight_quantize) {
   const AnychipTensor& sc = out(call, 1);
   if (!is_contiguous(w) || !is_contiguous(qw) || !is_contiguous(sc))
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: tensors must be contiguous", what);
-  const int bits = static_cast<int>(attr(call, 0));
-  const int64_t group_size = static_cast<int64_t>(attr(call, 1, -1));
+  const int bits = static_cast<int>(attr(call, ANYCHIP_ATTR_WEIGHT_QUANTIZE_BITS));
+  const int64_t group_size = static_cast<int64_t>(attr(call, ANYCHIP_ATTR_WEIGHT_QUANTIZE_GROUP_SIZE, -1));
   if (w.rank != 2) return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: w must be [K, N]", what);
   const int64_t k = w.shape[0], n = w.shape[1];
   const int64_t group = group_size <= 0 ? k : group_size;

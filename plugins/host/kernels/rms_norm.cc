@@ -415,7 +415,7 @@ AnychipStatus forward(const AnychipKernelCall* call) {
   Forward<T> a{data<const T>(x), with_residual ? data<const T>(in(call, 2)) : nullptr,
                weight_f32(data<const T>(in(call, 1)), C, wbuf), data<T>(out(call, 0)),
                data<float>(out(call, 1)), with_residual ? data<T>(out(call, 2)) : nullptr, C,
-               static_cast<float>(attr(call, 0, 1e-6))};
+               static_cast<float>(attr(call, ANYCHIP_ATTR_RMS_NORM_EPS, 1e-6))};
   const bool vector = isa() >= Isa::kAvx512;
   const bool stream = R * C * static_cast<int64_t>(sizeof(T)) >= kStreamBytes;
 #pragma omp parallel num_threads(threads(call)) if (R * C >= kParallelElements)

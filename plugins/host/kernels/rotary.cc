@@ -71,7 +71,8 @@ AnychipStatus rotate(const AnychipKernelCall* call, float sin_sign) {
                 static_cast<long long>(D), static_cast<long long>(last_dim(k)));
   }
   const int64_t half = D / 2;
-  const float theta = static_cast<float>(attr(call, 0, 10000.0));
+  static_assert(ANYCHIP_ATTR_ROTARY_EMBEDDING_THETA == ANYCHIP_ATTR_ROTARY_EMBEDDING_GRAD_THETA, "rotary's attrs");
+  const float theta = static_cast<float>(attr(call, ANYCHIP_ATTR_ROTARY_EMBEDDING_THETA, 10000.0));
   std::vector<float> inv_freq(half);
   for (int64_t i = 0; i < half; ++i) {
     inv_freq[i] = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(D));

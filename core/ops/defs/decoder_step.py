@@ -1,0 +1,145 @@
+"""decoder_step: a Llama-family decode step in one launch, the KV cache updated in place."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ...conformance.case import Case, normal, quantized_arrays
+from ...dtypes import FLOATS
+from ..decoder import DecoderLayer, DecoderWeights, Linear, _DecoderStep, decoder_step
+from ..definition import Attr, OpDef
+
+
+_DECODER = dict(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=37, slots=8)
+
+
+def _decoder_linear_arrays(rng, prefix, n, k, fmt):
+    bits, group_size, offsets = fmt
+    if bits == 0:
+        return {f"{prefix}.weight": normal(rng, n, k, scale=1 / np.sqrt(k)).astype(np.float32)}
+    arrays = quantized_arrays(rng, k, n, bits, group_size, offsets)
+    return {f"{prefix}.{part}": a for part, a in
+            (("weight", arrays["qweight"]), ("scales", arrays["scales"]), ("offsets", arrays.get("offsets")))
+            if a is not None}
+
+
+def _decoder_weights(t, fmt, bias):
+    cfg = _DECODER
+    bits, group_size, _offsets = fmt
+
+    def lin(prefix):
+        return Linear(t[f"{prefix}.weight"], t.get(f"{prefix}.scales"), t.get(f"{prefix}.offsets"), bits,
+                          group_size)
+
+    layers = [DecoderLayer(t[f"layers.{i}.attn_norm"], lin(f"layers.{i}.qkv"),
+                               t[f"layers.{i}.qkv_bias"] if bias else None, lin(f"layers.{i}.o"),
+                               t[f"layers.{i}.ffn_norm"], lin(f"layers.{i}.gate_up"), lin(f"layers.{i}.down"))
+              for i in range(cfg["layers"])]
+    return DecoderWeights(layers, t["final_norm"], lin("head"), cfg["heads"], cfg["kv_heads"])
+
+
+def _decoder_call(fmt, bias, part, layer, **t):
+    weights = _decoder_weights(t, fmt, bias)
+    logits = decoder_step(t["x"], t["positions"], weights, t["k_cache"], t["v_cache"], t.get("cache_rows"),
+                              part=part, layer=layer, block_tables=t.get("block_tables"))
+    return logits, t["k_cache"], t["v_cache"]
+
+
+def _decoder_reference(fmt, bias, part, layer, **t):
+    weights = _decoder_weights(t, fmt, bias)
+    rows = t["cache_rows"].numpy().tolist() if "cache_rows" in t else None
+    tables = t["block_tables"].numpy().tolist() if "block_tables" in t else None
+    step = _DecoderStep(weights, t["positions"].numpy().tolist(), rows, part, layer, tables)
+    logits = step.reference(t["x"], t["positions"], t["k_cache"], t["v_cache"],
+                            t["block_tables"] if tables else t.get("cache_rows"))
+    return logits, t["k_cache"], t["v_cache"]
+
+
+def _cases(op, dtype, rng):
+    cfg = _DECODER
+    c, d, f = cfg["hidden"], cfg["head_dim"], cfg["intermediate"]
+    hq, hk = cfg["heads"], cfg["kv_heads"]
+    out = []
+    # No x_int8 here (weight_only_linear checks it): inside a whole step the activations differ
+    # from the reference's in the last bit, and one of them near a .5 boundary rounds to another
+    # int8 code, which moves the logits by far more than float32's tolerance.
+    # The parts are what a tensor-parallel rank launches: a kernel that ignored `part` would
+    # return logits where a half layer's partial sum belongs.
+    for label, fmt, bias, positions, rows, part, layer in [
+        ("float32 weights", (0, -1, False), False, [3, 0, 7], None, "all", 0),
+        ("int8 per channel, qkv bias", (8, -1, False), True, [5, 1], None, "all", 0),
+        ("int4 groups of 32 with offsets", (4, 32, True), False, [2, 6, 0], None, "all", 0),
+        ("int8 groups of 32, qkv bias, one sequence", (8, 32, False), True, [4], None, "all", 0),
+        ("2 sequences in rows 3 and 1 of a 4-row cache", (4, 64, False), False, [1, 6], [3, 1], "all", 0),
+        ("part attention of layer 1 (tensor parallel), qkv bias", (0, -1, False), True, [3, 0, 7], None,
+         "attention", 1),
+        ("part mlp of layer 0, int8 groups of 32, rows 2 and 0", (8, 32, False), False, [5, 2], [2, 0], "mlp", 0),
+        ("part head, int4 groups of 32 with offsets", (4, 32, True), False, [2, 6], None, "head", 0),
+        # rows "paged": a pool of 7 blocks of 4 slots, each sequence's 2 blocks shuffled in it,
+        # the first block shared by both (a common prompt prefix they only read)
+        ("paged cache: 2 sequences in blocks of 4, one block shared", (8, -1, False), True, [6, 5], "paged",
+         "all", 0),
+    ]:
+        inputs = {"x": normal(rng, len(positions), c).astype(np.float32),
+                  "positions": np.array(positions, np.int64)}
+        cache_shape = (cfg["layers"], len(rows) + 2 if rows else len(positions), cfg["slots"], hk, d)
+        if rows == "paged":
+            cache_shape = (cfg["layers"], 7, 4, hk, d)
+            inputs["block_tables"] = np.array([[5, 2], [5, 0]], np.int64)
+        elif rows:
+            inputs["cache_rows"] = np.array(rows, np.int64)
+        inputs["k_cache"] = normal(rng, *cache_shape).astype(np.float32)
+        inputs["v_cache"] = normal(rng, *cache_shape).astype(np.float32)
+        for i in range(cfg["layers"]):
+            p = f"layers.{i}."
+            inputs[p + "attn_norm"] = rng.uniform(0.5, 1.5, c).astype(np.float32)
+            inputs.update(_decoder_linear_arrays(rng, p + "qkv", (hq + 2 * hk) * d, c, fmt))
+            if bias:
+                inputs[p + "qkv_bias"] = normal(rng, (hq + 2 * hk) * d, scale=0.5).astype(np.float32)
+            inputs.update(_decoder_linear_arrays(rng, p + "o", c, hq * d, fmt))
+            inputs[p + "ffn_norm"] = rng.uniform(0.5, 1.5, c).astype(np.float32)
+            inputs.update(_decoder_linear_arrays(rng, p + "gate_up", 2 * f, c, fmt))
+            inputs.update(_decoder_linear_arrays(rng, p + "down", c, f, fmt))
+        inputs["final_norm"] = rng.uniform(0.5, 1.5, c).astype(np.float32)
+        inputs.update(_decoder_linear_arrays(rng, "head", cfg["vocab"], c, fmt))
+        bits, group_size, offsets = fmt
+        attrs = {"bits": bits, "group_size": group_size, "offsets": offsets, "qkv_bias": bias,
+                 "positions": positions} | (
+                     {"block_tables": inputs["block_tables"].tolist()} if rows == "paged" else
+                     {"cache_rows": rows} if rows else {}) | (
+                     {} if part == "all" else {"part": part, "layer": layer})
+        summary = (f"x[{len(positions)}, {c}], caches{list(cache_shape)}, "
+                   + ", ".join(f"{k}={v}" for k, v in cfg.items()))
+        # The dtype under test is the caches'; activations and weights are float32 whatever it is.
+        out.append(Case(label, inputs, functools.partial(_decoder_call, fmt, bias, part, layer),
+                        functools.partial(_decoder_reference, fmt, bias, part, layer),
+                        ("logits" if part in ("all", "head") else "partial sum", "k_cache", "v_cache"),
+                        attrs, summary=summary,
+                        float32_inputs=tuple(n for n in inputs if n not in ("k_cache", "v_cache"))))
+    return out
+
+
+DEFINITIONS = [OpDef(
+    "decoder_step", "fused", "a Llama-family decode step in one launch, KV cache in place (dtype: the cache's)",
+    ("x", "positions", "cache_rows?", "weights..."), ("logits", "k_cache", "v_cache"), FLOATS,
+    {"float32": (1e-4, 1e-4), "bfloat16": (1e-2, 1e-2), "float16": (2e-3, 2e-3)}, _cases, attrs=(
+        Attr("L", "the number of layers"), Attr("Hq", "query heads"), Attr("Hk", "key/value heads"),
+        Attr("D", "the head dim"), Attr("F", "the MLP's inner features"), Attr("eps", "the RMSNorms' eps"),
+        Attr("theta", "the RoPE base"), Attr("has_qkv_bias", "1: each layer has a qkv bias input"),
+    Attr("qkv_bits", "the qkv LINs' format: 0 float32, 16 bfloat16, or 8 / 4 as weight_only_linear"),
+    Attr("qkv_group_size", "as weight_only_linear"), Attr("qkv_has_offsets", "as weight_only_linear"),
+    Attr("o_bits", "the o LINs' format: 0 float32, 16 bfloat16, or 8 / 4 as weight_only_linear"),
+    Attr("o_group_size", "as weight_only_linear"), Attr("o_has_offsets", "as weight_only_linear"),
+    Attr("gate_up_bits", "the gate_up LINs' format: 0 float32, 16 bfloat16, or 8 / 4 as weight_only_linear"),
+    Attr("gate_up_group_size", "as weight_only_linear"), Attr("gate_up_has_offsets", "as weight_only_linear"),
+    Attr("down_bits", "the down LINs' format: 0 float32, 16 bfloat16, or 8 / 4 as weight_only_linear"),
+    Attr("down_group_size", "as weight_only_linear"), Attr("down_has_offsets", "as weight_only_linear"),
+    Attr("head_bits", "the head LINs' format: 0 float32, 16 bfloat16, or 8 / 4 as weight_only_linear"),
+    Attr("head_group_size", "as weight_only_linear"), Attr("head_has_offsets", "as weight_only_linear"),
+        Attr("x_int8", "1: the quantized LINs take x as weight_only_linear does with x_int8", default=0.0),
+        Attr("has_cache_rows", "0: row b is sequence b's; 1: cache_rows names them; 2: a paged cache", default=0.0),
+        Attr("part", "0 the whole step; 1 a layer's attention half, 2 its MLP half, 3 the final norm and head",
+             default=0.0),
+        Attr("layer", "the layer of parts 1 and 2", default=0.0)))]
