@@ -206,7 +206,7 @@ def discover() -> Registry:
         for op in call(plugin, "anychip_register_ops", lambda: _op_definitions(impl.function())) or ():
             owner = "anychip" if op.name in _builtin_ops() else reg.op_plugin.get(op.name)
             if owner is not None:
-                reg.problems.append(PluginProblem(plugin, f"op {op.name!r} is already defined by {owner}"))
+                reg.problems.append(PluginProblem(plugin, f"anychip_register_ops: op {op.name!r} is already defined by {owner}"))
                 continue
             reg.ops[op.name] = op
             reg.op_plugin[op.name] = f"plugin {plugin!r}"

@@ -2,7 +2,6 @@
 each check catches the break it exists for (a wrong kernel, a raising one, a missing backward,
 a missing kernel, a broken e2e entry point)."""
 
-import importlib
 import json
 import math
 import os

@@ -238,12 +238,12 @@ def run_on_xpu(kernel_lib, body: str, env: dict | None = None, ops=None):
         import numpy as np
         import anychip
         from anychip.kernels import NativeKernel
-        from anychip.frontends.paddle.kernels import PADDLE_KERNELS
+        from anychip.frontends.paddle.kernels import rows
         from anychip.plugins import registry
         calls = lambda: 0
         if {str(kernel_lib) if kernel_lib else None!r}:
             table = registry().kernels._kernels  # the plugin's own base kernels make way for the test's
-            base_ops = {{op for pk in PADDLE_KERNELS for op in pk.base_ops}}
+            base_ops = {{op for ops in rows()[0].values() for op in ops}}
             for key in [k for k in table if k[1] == "xpu" and k[0] in base_ops]:
                 del table[key]
             for op, dtypes in {ops!r}.items():

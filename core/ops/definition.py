@@ -137,11 +137,11 @@ class OpDef:
     def attr_values(self, grad: bool = False, **values) -> list[float]:
         """The attrs list of a call, from ``values`` by name: in the definition's order, a value
         left out taking its default, and trailing defaults left off (a kernel reads an absent
-        attr as its default). A variadic attr takes a sequence."""
-        attrs = self.grad_attrs if grad else self.attrs
+        attr as its default). A variadic attr takes a sequence. ``grad``: the grad kernel's."""
+        attrs, kernel = (self.grad_attrs, self.grad) if grad else (self.attrs, self.name)
         unknown = set(values) - {a.name for a in attrs}
         if unknown:
-            raise ValueError(f"{self.name}: unknown attr(s) {sorted(unknown)} (its attrs: "
+            raise ValueError(f"{kernel}: unknown attr(s) {sorted(unknown)} (its attrs: "
                              f"{', '.join(a.name for a in attrs) or 'none'})")
         out: list[float] = []
         last_given = max((i for i, a in enumerate(attrs) if a.name in values), default=-1)
@@ -150,10 +150,10 @@ class OpDef:
                 value = values[a.name]
                 out.extend(float(v) for v in value) if a.variadic else out.append(float(value))
             elif a.required:
-                raise ValueError(f"{self.name}: attr {a.name!r} is required")
+                raise ValueError(f"{kernel}: attr {a.name!r} is required")
             elif i < last_given:
                 if a.default is None:
-                    raise ValueError(f"{self.name}: attr {a.name!r} has no default; pass it to pass "
+                    raise ValueError(f"{kernel}: attr {a.name!r} has no default, so it must be given to give "
                                      f"{attrs[last_given].name!r}")
                 out.append(float(a.default))
         return out

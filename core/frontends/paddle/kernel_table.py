@@ -1,10 +1,14 @@
-"""The Paddle kernels anychip serves on a device, and the base ops each one is made of.
+"""The Paddle kernels the bridge library holds, and the base ops the composed ones are made of.
 
 One row per Paddle kernel: its name in Paddle's registry, the C++ wrapper in
-``csrc/kernels/wrappers.h`` that implements it over base-op kernels, the base ops it
-launches (a device gets the Paddle kernel for the dtypes its plugin has all of them in), and
-what its PD_REGISTER_PLUGIN_KERNEL body sets. ``anychip.frontends.paddle.kernels`` plans and builds from
-this table; this module imports nothing of anychip's, so that a build step can read it too.
+``csrc/kernels/wrappers.h`` that implements it over base-op kernels and what its
+PD_REGISTER_PLUGIN_KERNEL body sets. A row serving one op's kernel one to one names no base ops:
+the op's definition (``anychip/ops/defs``, its ``paddle`` field) says which Paddle kernels it
+serves. A row composing several base ops names them (a device gets the Paddle kernel for the
+dtypes its plugin has all of them in). The ``SLOTS`` rows hold wrappers without an op of their
+own: the device's config names the Paddle kernel and the op (one a plugin defines) of each.
+``anychip.frontends.paddle.kernels`` plans and builds from this table; this module imports
+nothing of anychip's, so that a build step can read it too.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ class PaddleKernel:
 
     name: str
     wrapper: str
-    base_ops: tuple[str, ...]
+    base_ops: tuple[str, ...] = ()  # () : served one to one by the op whose definition names it
     body: str = ""  # the PD_REGISTER_PLUGIN_KERNEL body (e.g. the output dtype of a comparison)
     fixed: tuple[tuple[str, str], ...] = ()  # (base op, dtype) also needed, whatever the served dtype
 
@@ -41,23 +45,23 @@ def _kernels() -> tuple[PaddleKernel, ...]:
                ("less_equal", "LessEqual"), ("greater_than", "GreaterThan"), ("greater_equal", "GreaterEqual")]
     unary = [("exp", "Exp"), ("log", "Log"), ("sqrt", "Sqrt"), ("rsqrt", "Rsqrt"), ("silu", "Silu"),
              ("sigmoid", "Sigmoid"), ("tanh", "Tanh"), ("abs", "Abs"), ("sin", "Sin"), ("cos", "Cos")]
-    table = [PaddleKernel(op, f"{cls}Kernel", (op,)) for op, cls in binary + unary]
-    table += [PaddleKernel(op, f"{cls}Kernel", (op,), _BOOL_OUTPUT) for op, cls in compare]
+    table = [PaddleKernel(op, f"{cls}Kernel") for op, cls in binary + unary]
+    table += [PaddleKernel(op, f"{cls}Kernel", body=_BOOL_OUTPUT) for op, cls in compare]
     table += [
-        PaddleKernel("scale", "ScaleKernel", ("scale",)),
-        PaddleKernel("pow", "PowKernel", ("pow",)),
-        PaddleKernel("cast", "CastKernel", ("cast",), _ANY_OUTPUT),
-        PaddleKernel("where", "WhereKernel", ("where",)),
-        PaddleKernel("full", "FullKernel", ("fill",)),
+        PaddleKernel("scale", "ScaleKernel"),
+        PaddleKernel("pow", "PowKernel"),
+        PaddleKernel("cast", "CastKernel", body=_ANY_OUTPUT),
+        PaddleKernel("where", "WhereKernel"),
+        PaddleKernel("full", "FullKernel"),
         # x only gives the shape: Paddle must not copy it to the device first
-        PaddleKernel("full_like", "FullLikeKernel", ("fill",), "kernel->InputAt(0).SetBackend(phi::Backend::ALL_BACKEND);"),
-        PaddleKernel("sum", "SumKernel", ("sum",), _ANY_OUTPUT),
-        PaddleKernel("mean", "MeanKernel", ("mean",)),
-        PaddleKernel("max", "MaxKernel", ("max",)),
-        PaddleKernel("softmax", "SoftmaxKernel", ("softmax",)),
-        PaddleKernel("softmax_grad", "SoftmaxGradKernel", ("softmax_grad",)),
-        PaddleKernel("matmul", "MatmulKernel", ("matmul",)),
-        PaddleKernel("matmul_grad", "MatmulGradKernel", ("matmul_grad",)),
+        PaddleKernel("full_like", "FullLikeKernel", body="kernel->InputAt(0).SetBackend(phi::Backend::ALL_BACKEND);"),
+        PaddleKernel("sum", "SumKernel", body=_ANY_OUTPUT),
+        PaddleKernel("mean", "MeanKernel"),
+        PaddleKernel("max", "MaxKernel"),
+        PaddleKernel("softmax", "SoftmaxKernel"),
+        PaddleKernel("softmax_grad", "SoftmaxGradKernel"),
+        PaddleKernel("matmul", "MatmulKernel"),
+        PaddleKernel("matmul_grad", "MatmulGradKernel"),
         PaddleKernel("add_grad", "AddGradKernel", ("sum", "copy")),
         PaddleKernel("subtract_grad", "SubtractGradKernel", ("sum", "copy", "scale")),
         PaddleKernel("multiply_grad", "MultiplyGradKernel", ("multiply", "sum", "copy")),
@@ -74,21 +78,33 @@ def _kernels() -> tuple[PaddleKernel, ...]:
         PaddleKernel("slice", "SliceKernel", ("copy",)),
         PaddleKernel("unsqueeze", "UnsqueezeKernel", ("copy",)),
         PaddleKernel("set_value_with_tensor", "SetTensorValueKernel", ("copy",)),
-        PaddleKernel("gather", "GatherKernel", ("index_select",)),
-        PaddleKernel("gather_grad", "GatherGradKernel", ("embedding_grad",)),
-        PaddleKernel("index_select", "IndexSelectKernel", ("index_select",)),
-        PaddleKernel("index_select_grad", "IndexSelectGradKernel", ("embedding_grad",)),
-        PaddleKernel("embedding", "EmbeddingKernel", ("embedding",)),
-        PaddleKernel("embedding_grad", "EmbeddingGradKernel", ("embedding_grad",)),
+        PaddleKernel("gather", "GatherKernel"),
+        PaddleKernel("gather_grad", "GatherGradKernel"),
+        PaddleKernel("index_select", "IndexSelectKernel"),
+        PaddleKernel("index_select_grad", "IndexSelectGradKernel"),
+        PaddleKernel("embedding", "EmbeddingKernel"),
+        PaddleKernel("embedding_grad", "EmbeddingGradKernel"),
         # offsets in int64, then a lookup of x's elements
         PaddleKernel("take_along_axis", "TakeAlongAxisKernel", ("embedding",),
                      fixed=tuple((op, "int64") for op in ("fill", "arange", "multiply", "add"))),
-        PaddleKernel("cross_entropy_with_softmax", "CrossEntropyWithSoftmaxKernel", ("cross_entropy_with_softmax",)),
-        PaddleKernel("cross_entropy_with_softmax_grad", "CrossEntropyWithSoftmaxGradKernel",
-                     ("cross_entropy_with_softmax_grad",)),
+        PaddleKernel("cross_entropy_with_softmax", "CrossEntropyWithSoftmaxKernel"),
+        PaddleKernel("cross_entropy_with_softmax_grad", "CrossEntropyWithSoftmaxGradKernel"),
     ]
     table += _issue37_kernels()
+    table += [PaddleKernel(slot_row(kind, i), f"{kind.capitalize()}Slot{i}Kernel") for kind in SLOT_KINDS
+              for i in range(SLOTS)]
     return tuple(table)
+
+
+# Wrappers for ops the plugins define: per kind, SLOTS Paddle kernels of the shape of Paddle's
+# attribute-free elementwise kernels (unary: x -> out, binary: x, y -> out, broadcast), whose
+# Paddle name and op each device's config gives (wrappers.h: ANYCHIP_PK_SLOT).
+SLOT_KINDS = ("unary", "binary")
+SLOTS = 8
+
+
+def slot_row(kind: str, index: int) -> str:
+    return f"anychip_{kind}_slot_{index}"
 
 
 def _i64(*ops: str) -> tuple[tuple[str, str], ...]:
@@ -116,7 +132,7 @@ def _issue37_kernels() -> list[PaddleKernel]:
               ("roll_grad", "RollGrad"), ("stack", "Stack"), ("stack_grad", "StackGrad"), ("expand_as", "ExpandAs")]
     table = [PaddleKernel(op, f"{cls}Kernel", ("copy",)) for op, cls in copies]
     table += [
-        PaddleKernel("fill", "FillKernel", ("fill",)),
+        PaddleKernel("fill", "FillKernel"),
         PaddleKernel("slice_grad", "SliceGradKernel", ("fill", "copy")),
         PaddleKernel("strided_slice", "StridedSliceKernel", ("copy",)),
         PaddleKernel("strided_slice_grad", "StridedSliceGradKernel", ("fill", "copy")),
@@ -164,7 +180,7 @@ def _issue37_kernels() -> list[PaddleKernel]:
         PaddleKernel("where_grad", "WhereGradKernel", ("fill", "where", "sum", "copy")),
         PaddleKernel("clip", "ClipKernel", ("fill", "maximum", "minimum")),
         PaddleKernel("clip_grad", "ClipGradKernel", ("fill", "greater_equal", "less_equal", "where")),
-        PaddleKernel("mean_all", "MeanAllKernel", ("mean",)),
+        PaddleKernel("mean_all", "MeanAllKernel"),
         PaddleKernel("mean_all_grad", "MeanAllGradKernel", ("fill", "divide", "copy")),
         PaddleKernel("mean_grad", "MeanGradKernel", ("fill", "divide", "copy")),
         PaddleKernel("min", "MinKernel", ("scale", "max")),

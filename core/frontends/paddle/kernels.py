@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ...kernels import NativeKernel
 from ...native import library_path
-from .kernel_table import CPP_TYPES, PADDLE_KERNELS
+from .kernel_table import CPP_TYPES, PADDLE_KERNELS, SLOT_KINDS, SLOTS, slot_row
 
 
 # device name -> why its Paddle kernels are missing (for `anychip devices` and the tests)
@@ -34,22 +34,59 @@ def _native(registry, op: str, device: str, dtype: str) -> NativeKernel | None:
     return kernel.forward if kernel is not None and isinstance(kernel.forward, NativeKernel) else None
 
 
+def rows() -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, str]]]:
+    """The Paddle kernels the bridge can serve, from the op definitions and the library's table:
+    {Paddle kernel: the base ops it launches} and {slot row: (Paddle kernel, op)} for the Paddle
+    kernels that ops the plugins define name without a row of their own: each takes a slot of
+    its op's kind (an attribute-free unary or binary op), in the order of the Paddle names. An op
+    that names a Paddle kernel no row or slot can serve is listed by :func:`unserved`."""
+    from ...ops.defs import definitions  # here: anychip.ops imports anychip.frontends.paddle, which imports this module
+
+    named = {pk: op for op in definitions().values() for pk in op.paddle}
+    launches = {}
+    for pk in PADDLE_KERNELS:
+        if pk.base_ops:
+            launches[pk.name] = pk.base_ops
+        elif pk.name in named:
+            launches[pk.name] = (named[pk.name].name,)
+    slots, free = {}, {kind: [slot_row(kind, i) for i in range(SLOTS)] for kind in SLOT_KINDS}
+    for name, op in sorted(named.items()):
+        if name in launches or op.category not in SLOT_KINDS or op.attrs or not free[op.category]:
+            continue
+        slots[free[op.category].pop(0)] = (name, op.name)
+        launches[name] = (op.name,)
+    return launches, slots
+
+
+def unserved() -> dict[str, str]:
+    """{Paddle kernel: why}: the Paddle kernels that op definitions name and the bridge cannot serve."""
+    from ...ops.defs import definitions
+
+    launches, _slots = rows()
+    return {pk: (f"{op.name} is a {op.category} op with attrs" if op.category in SLOT_KINDS and op.attrs
+                 else f"no wrapper in the bridge's table for a {op.category} op, and every slot is taken"
+                 if op.category in SLOT_KINDS else f"no wrapper in the bridge's table for a {op.category} op")
+            for op in definitions().values() for pk in op.paddle if pk not in launches}
+
+
 def plan(registry, device: str) -> tuple[dict[tuple[str, str], NativeKernel], dict[str, list[str]]]:
     """What the device's library holds: {(base op, dtype): kernel} and {Paddle kernel: dtypes}.
     Only C-ABI kernels (NativeKernel) count; Python kernels have no place in a C++ library.
     The table holds every base-op kernel of the device, not only those of the served dtypes: a
     wrapper may need one of another dtype (e.g. ``cast`` of an int32 index to int64)."""
-    from ...ops.defs import BASE_OPS  # here: anychip.ops imports anychip.frontends.paddle, which imports this module
+    from ...ops.defs import definitions
 
+    launches, _slots = rows()
+    fixed = {pk.name: pk.fixed for pk in PADDLE_KERNELS}
     served: dict[str, list[str]] = {}
-    for pk in PADDLE_KERNELS:
-        if any(_native(registry, op, device, d) is None for op, d in pk.fixed):
+    for name, ops in launches.items():
+        if any(_native(registry, op, device, d) is None for op, d in fixed.get(name, ())):
             continue
-        dtypes = [d for d in CPP_TYPES
-                  if all(_native(registry, op, device, d) is not None for op in pk.base_ops)]
+        dtypes = [d for d in CPP_TYPES if all(_native(registry, op, device, d) is not None for op in ops)]
         if dtypes:
-            served[pk.name] = dtypes
-    used = {(op, d): k for op in BASE_OPS for d in CPP_TYPES
+            served[name] = dtypes
+    base = [op.name for op in definitions().values() if not op.fused]
+    used = {(op, d): k for op in base for d in CPP_TYPES
             if (k := _native(registry, op, device, d)) is not None} if served else {}
     return used, served
 
@@ -62,6 +99,7 @@ def library() -> Path:
 def config(device: str, paddle_type: str, used, served) -> str:
     """The config of ``device``'s copy of the library (the format loader.cc reads)."""
     lines = [f"device={device}", f"paddle_type={paddle_type}"]
+    lines += [f"slot={row} {name} {op}" for row, (name, op) in rows()[1].items() if name in served]
     lines += [f"serve={name} {' '.join(dtypes)}" for name, dtypes in served.items()]
     for (op, dtype), k in sorted(used.items()):
         if any(c.isspace() for c in k.symbol) or "\n" in k.library:

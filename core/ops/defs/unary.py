@@ -25,9 +25,9 @@ def _cases(op, dtype, rng):
                              attrs=attrs)
 
 
-def _unary(name, summary, fn, attrs=()):
+def _unary(name, summary, fn, attrs=(), paddle=True):
     return OpDef(name, "unary", summary, ("x",), ("out",), FLOATS, ELEMENTWISE_TOL, _cases, attrs=attrs,
-                 reference_fn=unary_reference(fn), shape=same, paddle=(name,))
+                 reference_fn=unary_reference(fn), shape=same, paddle=(name,) if paddle else ())
 
 
 DEFINITIONS = [
@@ -39,7 +39,7 @@ DEFINITIONS = [
     _unary("sigmoid", "1 / (1 + e^-x)", lambda v, a: _sigmoid(v)),
     _unary("tanh", "hyperbolic tangent", lambda v, a: np.tanh(v)),
     _unary("abs", "|x|", lambda v, a: np.abs(v)),
-    _unary("neg", "-x", lambda v, a: -v),
+    _unary("neg", "-x", lambda v, a: -v, paddle=False),  # Paddle negates with scale
     _unary("sin", "sine (radians)", lambda v, a: np.sin(v)),
     _unary("cos", "cosine (radians)", lambda v, a: np.cos(v)),
     _unary("scale", "scale*x + bias (bias_after_scale) or scale*(x + bias)", _scale,

@@ -10,6 +10,7 @@
 // config beside the copy when Paddle loads it:
 //   g_device_name  the anychip device name; its bridge is ../libanychip_<name>.so
 //   g_kernels      (base op, dtype) -> library, symbol, host_code of the plugin's kernel
+//   g_slot_ops     the op behind each slot wrapper (a plugin's op, see wrappers.h)
 #pragma once
 
 #include <dlfcn.h>
@@ -42,6 +43,7 @@ struct KernelEntry {
 // Filled once by loader.cc while Paddle loads the library, read-only afterwards.
 inline std::string g_device_name = "anychip";
 inline std::vector<KernelEntry> g_kernels;
+inline std::map<std::string, std::string> g_slot_ops;  // slot row (kernel_table.slot_row) -> op
 
 using BridgeLaunch = int (*)(int device, void* stream, AnychipHostFunction fn, void* user_data,
                              const AnychipMemoryRange* ranges, int num_ranges, char* error,

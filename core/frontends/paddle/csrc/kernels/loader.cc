@@ -10,6 +10,8 @@
 //   paddle_type=anychip_ascend        the Paddle device type the kernels are registered for
 //   serve=add float32 float16         a Paddle kernel and the dtypes it is registered for
 //   kernel=add float32 1 SYMBOL PATH  a base op's kernel: dtype, host code (1/0), symbol, library
+//   slot=anychip_unary_slot_0 log1p log1p   a slot row, the Paddle kernel it registers as (served
+//                                     by a serve= line) and the op it launches
 // Registration happens while the copy is dlopen()ed, before Paddle moves the registered kernels
 // into its kernel factory. A missing or malformed config registers nothing and says why on
 // stderr: the device's ops then fall back to the CPU, counted as any other fallback.
@@ -45,6 +47,7 @@ phi::DataType dtype_named(const std::string& name, const std::string& line) {
 struct Config {
   std::string paddle_type;
   std::map<std::string, std::set<phi::DataType>> serve;
+  std::map<std::string, std::string> slot_kernel;  // slot row -> the Paddle kernel it registers as
 };
 
 Config read_config(const std::string& path) {
@@ -65,6 +68,12 @@ Config read_config(const std::string& path) {
       std::string name, dtype;
       fields >> name;
       while (fields >> dtype) config.serve[name].insert(dtype_named(dtype, line));
+    } else if (key == "slot") {
+      std::string row, paddle_kernel, op;
+      fields >> row >> paddle_kernel >> op;
+      if (op.empty()) throw std::runtime_error("a slot line needs a row, a Paddle kernel and an op: " + line);
+      config.slot_kernel[row] = paddle_kernel;
+      g_slot_ops[row] = op;
     } else if (key == "kernel") {
       KernelEntry e;
       std::string dtype;
@@ -97,12 +106,14 @@ void register_kernels() {
     std::set<std::string> unknown;  // named by the config, absent from this build of the table
     for (const auto& served : config.serve) unknown.insert(served.first);
     for_each_row([&](const Row& row) {
-      auto served = config.serve.find(row.name);
+      auto slot = config.slot_kernel.find(row.name);
+      const std::string name = slot == config.slot_kernel.end() ? row.name : slot->second;
+      auto served = config.serve.find(name);
       if (served == config.serve.end()) return;
-      unknown.erase(row.name);
+      unknown.erase(name);
       for (const Instance& instance : row.instances) {
         if (served->second.count(instance.dtype) == 0) continue;
-        phi::KernelRegistrar(phi::RegType::OUTER, row.name, config.paddle_type.c_str(),
+        phi::KernelRegistrar(phi::RegType::OUTER, name.c_str(), config.paddle_type.c_str(),
                              phi::DataLayout::ALL_LAYOUT, instance.dtype, instance.parse, row.define,
                              instance.compute, instance.variadic);
       }

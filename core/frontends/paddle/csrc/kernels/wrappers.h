@@ -184,6 +184,35 @@ ANYCHIP_PK_UNARY(SinKernel, "sin")
 ANYCHIP_PK_UNARY(CosKernel, "cos")
 #undef ANYCHIP_PK_UNARY
 
+// Slots: wrappers of Paddle's attribute-free elementwise kernels for ops the plugins define
+// (anychip_register_ops). Which Paddle kernel a slot stands for and which op it launches, the
+// device's config says (loader.cc fills g_slot_ops), so that such an op reaches Paddle without
+// a rebuild of this library. kernel_table.py has one row per slot (SLOT_KINDS x SLOTS).
+inline const char* slot_op(const char* row) {
+  auto found = g_slot_ops.find(row);
+  if (found == g_slot_ops.end()) fail(std::string("slot ") + row + " has no op in the config");
+  return found->second.c_str();
+}
+
+#define ANYCHIP_PK_SLOT(N)                                                                          \
+  template <typename T, typename Context>                                                           \
+  void UnarySlot##N##Kernel(const Context& c, const DenseTensor& x, DenseTensor* out) {             \
+    unary<T>(c, slot_op("anychip_unary_slot_" #N), x, out);                                         \
+  }                                                                                                 \
+  template <typename T, typename Context>                                                           \
+  void BinarySlot##N##Kernel(const Context& c, const DenseTensor& x, const DenseTensor& y, DenseTensor* out) { \
+    binary<T>(c, slot_op("anychip_binary_slot_" #N), x, y, out);                                    \
+  }
+ANYCHIP_PK_SLOT(0)
+ANYCHIP_PK_SLOT(1)
+ANYCHIP_PK_SLOT(2)
+ANYCHIP_PK_SLOT(3)
+ANYCHIP_PK_SLOT(4)
+ANYCHIP_PK_SLOT(5)
+ANYCHIP_PK_SLOT(6)
+ANYCHIP_PK_SLOT(7)
+#undef ANYCHIP_PK_SLOT
+
 template <typename T, typename Context>
 void ScaleKernel(const Context& c, const DenseTensor& x, const phi::Scalar& scale,
                  const phi::Scalar& bias, bool bias_after_scale, DenseTensor* out) {
