@@ -93,7 +93,7 @@ def anychip_register_kernels(registry):
             ``registry.register(op, device, dtypes, forward, backward=None, capabilities=())``
             once per op and device. ``op`` is an op's name (``anychip ops``, or one the plugin defines); ``forward`` and
             ``backward`` are :class:`anychip.kernels.NativeKernel` (a C function following
-            ``anychip/kernel.h``, whose op table fixes each kernel's inputs, outputs and attrs)
+            ``anychip/kernel.h``, whose op table ``anychip/ops.h`` fixes each kernel's inputs, outputs and attrs)
             or Python callables ``fn(inputs, outputs, attrs)`` over Paddle tensors.
 
     What anychip guarantees a kernel: its arguments were validated against the op table

@@ -29,10 +29,13 @@ def _attrs(op: str, attrs: tuple[Attr, ...]) -> list[str]:
     return lines
 
 
+def _comment(text: str) -> list[str]:
+    return ["/*", *[f" * {line}".rstrip() for line in text.splitlines()], " */"]
+
+
 def _op(op: OpDef) -> list[str]:
-    head = [f"/* {op.name} ({op.category}): {op.summary}",
-            f" *   inputs: {', '.join(op.inputs) or 'none'}; outputs: {', '.join(op.outputs)} */"]
-    lines = head + _attrs(op.name, op.attrs)
+    lines = [f"/* {op.name} ({op.category}): {op.summary}; inputs {', '.join(op.inputs) or 'none'}, "
+             f"outputs {', '.join(op.outputs)} */", *_attrs(op.name, op.attrs)]
     if op.fused and op.grad:
         lines += [f"/* {op.grad}: the backward of {op.name} */", *_attrs(op.grad, op.grad_attrs)]
     return lines
@@ -45,15 +48,23 @@ def render(ops=None) -> str:
            " * anychip/ops.h -- GENERATED from the op definitions (anychip/ops/defs/) by",
            " * `python -m anychip.ops.c_header`: do not edit.",
            " *",
-           " * Each op's attributes by name: ANYCHIP_ATTR_<OP>_<ATTR> is the attribute's index in",
-           " * AnychipKernelCall.attrs (anychip/kernel.h) and ANYCHIP_NUM_ATTRS_<OP> their number. Trailing",
-           " * attributes with a default may be absent (num_attrs says how many were passed). A fused op's",
-           " * backward kernel has attributes of its own, under its own name.",
+           " * The op table of the kernel contract: per op (fused ops, then the base ops), its tensors",
+           " * and math in words (\"inputs -> outputs\", under the conventions of anychip/kernel.h: B",
+           " * batch, S/Sq/Sk sequence lengths, H heads, D head dim, R rows (all leading dims flattened),",
+           " * N/K output/input features, \"float\" the call's compute dtype, \"?\" an optional trailing",
+           " * input), then its attributes by name: ANYCHIP_ATTR_<OP>_<ATTR> is the attribute's index in",
+           " * AnychipKernelCall.attrs and ANYCHIP_NUM_ATTRS_<OP> their number. Trailing attributes with",
+           " * a default may be absent (num_attrs says how many were passed); flags are 0.0 or 1.0. A",
+           " * fused op's backward kernel has attributes of its own, under its own name.",
            " */",
            "#ifndef ANYCHIP_OPS_H_",
            "#define ANYCHIP_OPS_H_",
            ""]
+    contract = None
     for op in ops.values():
+        if op.contract and op.contract != contract:  # a family of base ops shares one
+            out += _comment(op.contract)
+        contract = op.contract
         out += _op(op) + [""]
     out += ["#endif /* ANYCHIP_OPS_H_ */", ""]
     return "\n".join(out)

@@ -53,7 +53,8 @@ class OpDef:
     ``cases(dtype, rng)``: the conformance kit's sample calls (``anychip.conformance.case``).
     ``grad``: the kernel computing the input gradients (fused: a kernel registered as the op's
     backward, with ``grad_attrs``; base: another base op). ``paddle``: the Paddle kernels this op
-    serves one to one through the Paddle bridge.
+    serves one to one through the Paddle bridge. ``contract``: the kernel contract in words (the
+    tensors' shapes and dtypes, the math), as anychip/ops.h prints it.
 
     Base ops only: ``input_dtypes`` per input, "=" (the kernel's dtype), a dtype name or "any"
     (cast); ``output_dtypes`` per output, "=", a dtype name or "given" (the caller chooses);
@@ -72,6 +73,7 @@ class OpDef:
     grad: str | None = None
     grad_attrs: tuple[Attr, ...] = ()
     paddle: tuple[str, ...] = ()
+    contract: str = ""
     input_dtypes: tuple[str, ...] = ()
     output_dtypes: tuple[str, ...] = ()
     dtype_of: str = ""

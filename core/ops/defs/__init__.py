@@ -1,7 +1,8 @@
 """The op definitions: one :class:`~anychip.ops.definition.OpDef` per op, in one module per op
 (or per family of base ops sharing a reference: unary, binary, compare, reduction). Each module
-holds its ops in ``DEFINITIONS``; this package finds the modules itself, so adding an op to
-anychip is adding a module here (and its kernels). A plugin adds ops of its own through its
+holds its ops in ``DEFINITIONS`` and their kernel contract in words in ``CONTRACT`` (what
+anychip/ops.h prints above their attributes); this package finds the modules itself, so adding
+an op to anychip is adding a module here (and its kernels). A plugin adds ops of its own through its
 ``anychip_register_ops`` hook; :func:`definitions` lists both.
 
 Fused ops come first, then the base ops, each in the modules' alphabetical order.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from dataclasses import replace
 
 from ..definition import OpDef
 
@@ -18,7 +20,8 @@ from ..definition import OpDef
 def _load() -> dict[str, OpDef]:
     found: list[OpDef] = []
     for module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-        found += importlib.import_module(f"{__name__}.{module}").DEFINITIONS
+        defined = importlib.import_module(f"{__name__}.{module}")
+        found += [replace(op, contract=defined.CONTRACT) for op in defined.DEFINITIONS]
     ordered = sorted(found, key=lambda op: not op.fused)  # stable: the modules' order within each kind
     ops: dict[str, OpDef] = {}
     for op in ordered:

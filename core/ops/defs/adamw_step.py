@@ -10,6 +10,15 @@ from ...conformance.case import Case, normal
 from ..definition import Attr, OpDef
 from ..optim import _reference as _adamw_reference, adamw_step
 
+# The kernel contract (rendered into anychip/ops.h): inputs -> outputs, then the math.
+CONTRACT = """\
+adamw_step:      grads g_0..g_{n-1} -> params p_0..p_{n-1}, m_0..m_{n-1}, v_0..v_{n-1}
+                 updated in place (m, v float32; p and g share a float dtype);
+                 attrs: lr, beta1, beta2, eps, weight_decay, step (1-based).
+                 p -= lr * weight_decay * p; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+                 p -= lr * (m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps)
+"""
+
 
 def _adamw_call(update, count, hyper, **t):
     """Runs ``update`` (the op or its reference) on the ``count`` parameters in ``t``; returns

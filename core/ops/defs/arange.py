@@ -9,6 +9,12 @@ from ...dtypes import FLOATS
 from ..base import ELEMENTWISE_TOL, given, np_dtype
 from ..definition import Attr, OpDef
 
+# The kernel contract (rendered into anychip/ops.h): inputs -> outputs, then the math.
+CONTRACT = """\
+arange:          -> out[n] (float or int64); attrs: start, step. out[i] = start + i*step
+                 (computed in double, then converted as cast does)
+"""
+
 _DTYPES = FLOATS + ("int64",)
 
 

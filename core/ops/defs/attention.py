@@ -11,6 +11,17 @@ from ...dtypes import FLOATS
 from ..attention import _Attention, attention
 from ..definition import Attr, OpDef
 
+# The kernel contract (rendered into anychip/ops.h): inputs -> outputs, then the math.
+CONTRACT = """\
+attention:       q[B,Sq,Hq,D], k[B,Sk,Hk,D], v[B,Sk,Hk,D], mask bool[B|1, Hq|1, Sq, Sk]?
+                 -> o[B,Sq,Hq,D], lse f32[B,Hq,Sq]; attrs: scale, causal.
+                 Hq is a multiple of Hk; query head h reads kv head h / (Hq / Hk).
+                 Key j is visible to query i when mask[i, j] is true (if given) and, if
+                 causal, j <= i + Sk - Sq (bottom-right aligned, as with a KV cache).
+                 A query row that sees no key gets o = 0 and lse = -inf.
+attention_grad:  do, q, k, v, o, lse, mask? -> dq, dk, dv; attrs: scale, causal
+"""
+
 
 def _cases(op, dtype, rng):
     out = []

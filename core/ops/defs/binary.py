@@ -9,6 +9,13 @@ from ...dtypes import FLOATS, INTS
 from ..base import ELEMENTWISE_TOL, binary_reference, broadcast
 from ..definition import OpDef
 
+# The kernel contract (rendered into anychip/ops.h): inputs -> outputs, then the math.
+CONTRACT = """\
+binary:          x, y -> out (same dtype, float): add, subtract, multiply, divide, maximum,
+                 minimum (NaN propagates), elementwise_pow; add, subtract, multiply, maximum and
+                 minimum also take int32/int64 (exact, wrapping on overflow)
+"""
+
 # the ops with an integer form too (exact, wrapping): index arithmetic, and Paddle's own
 # cross_entropy multiplies its int64 labels by a mask
 _INTEGER = ("add", "subtract", "multiply", "maximum", "minimum")

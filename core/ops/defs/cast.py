@@ -9,6 +9,12 @@ from ...dtypes import CASTABLE
 from ..base import np_dtype, same
 from ..definition import OpDef
 
+# The kernel contract (rendered into anychip/ops.h): inputs -> outputs, then the math.
+CONTRACT = """\
+cast:            x -> out, any pair of float32/bfloat16/float16/int32/int64/int8/bool; float -> int
+                 truncates toward zero (NaN -> 0, saturating), -> bool is x != 0
+"""
+
 
 def _cast(x, a, out_dtype, out_shape):
     src = x[0]

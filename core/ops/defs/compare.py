@@ -9,6 +9,12 @@ from ...dtypes import FLOATS, INTS
 from ..base import EXACT, binary_reference, broadcast
 from ..definition import OpDef
 
+# The kernel contract (rendered into anychip/ops.h): inputs -> outputs, then the math.
+CONTRACT = """\
+compare:         x, y (float or int) -> out bool: equal, not_equal, less_than, less_equal,
+                 greater_than, greater_equal
+"""
+
 
 def _cases(op, dtype, rng):
     return elementwise_cases(op, dtype, rng, low=-2.0)

@@ -7,6 +7,11 @@ from ...dtypes import BASE
 from ..base import same
 from ..definition import OpDef
 
+# The kernel contract (rendered into anychip/ops.h): inputs -> outputs, then the math.
+CONTRACT = """\
+copy:            x -> out (same dtype, any): out = x, both any strides
+"""
+
 
 def _copy(x, a, out_dtype, out_shape):
     return [x[0].copy()]

@@ -9,6 +9,15 @@ from ...dtypes import FLOATS
 from ..base import SUM_TOL
 from ..definition import Attr, OpDef
 
+# The kernel contract (rendered into anychip/ops.h): inputs -> outputs, then the math.
+CONTRACT = """\
+cross_entropy_with_softmax: logits[..., V], label int64[..., 1] -> softmax[..., V],
+                 loss[..., 1]; attrs: ignore_index. loss = logsumexp(logits) - logits[label],
+                 0 where label == ignore_index; any other label outside [0, V) is an error.
+cross_entropy_with_softmax_grad: label int64[..., 1], softmax[..., V], dloss[..., 1]
+                 -> dlogits = (softmax - onehot(label)) * dloss (0 rows at ignore_index)
+"""
+
 
 def _ce_shape(shapes, attrs, out_shape):
     logits, label = shapes

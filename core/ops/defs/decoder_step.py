@@ -11,6 +11,59 @@ from ...dtypes import FLOATS
 from ..decoder import DecoderLayer, DecoderWeights, Linear, _DecoderStep, decoder_step
 from ..definition import Attr, OpDef
 
+# The kernel contract (rendered into anychip/ops.h): inputs -> outputs, then the math.
+CONTRACT = """\
+decoder_step:    one new token per sequence through L pre-norm decoder layers of the Llama
+                 family (RMSNorm, RoPE, grouped-query attention over a KV cache, SwiGLU MLP),
+                 then the final norm and the output projection: the decode step of
+                 generation in one launch. float32 activations; the KV cache float32,
+                 bfloat16 or float16 (the dtype the op is registered under).
+                 inputs: x f32[B, C] (the embedded tokens), positions int64[B] (the position
+                 of each sequence's token, which is also its cache slot); cache_rows
+                 int64[B] (only when has_cache_rows is 1: the distinct cache row of each
+                 sequence; else sequence b uses row b and R = B) or block_tables int64[B, W]
+                 (only when has_cache_rows is 2: a paged cache, below); per layer, in
+                 order: attn_norm[C], LIN qkv (N = (Hq + 2 Hk) D, K = C: rows of q, then k,
+                 then v), qkv_bias[(Hq + 2 Hk) D] (only when has_qkv_bias), LIN o (N = C,
+                 K = Hq D), ffn_norm[C], LIN gate_up (N = 2 F, K = C: gate rows, then up
+                 rows), LIN down (N = C, K = F); then final_norm[C] and LIN head (N = V,
+                 K = C). A LIN is one input, a float32 weight W[N, K] (bits 0) or a
+                 bfloat16 one (bits 16; K a multiple of 32: the LIN takes its input rounded to
+                 bfloat16 and sums in float32, and a row's result must not depend on B), or
+                 the 2 or 3 inputs qweight, scales, offsets? of weight_only_linear.
+                 outputs: logits f32[B, V]; k_cache, v_cache [L, R, S, Hk, D] of one float
+                 dtype, updated in place: for every layer, slot positions[b] of sequence b's
+                 row is written (rounded to the cache's dtype, to nearest even) before the
+                 attention of that layer reads slots [0, positions[b]] (pos < S); the new
+                 token's own k and v take part as the cache holds them, rounded.
+                 attrs: L, Hq, Hk, D, F, eps, theta, has_qkv_bias, then (bits, group_size,
+                 has_offsets) for each LIN kind in the order qkv, o, gate_up, down, head
+                 (every layer shares the formats); then optionally x_int8 (absent: 0): the
+                 quantized LINs take x as weight_only_linear does with x_int8 = 1; then
+                 optionally has_cache_rows (absent: 0), which lets a batch of B sequences
+                 decode in any B of R cache rows (continuous batching: rows come and go),
+                 or with 2 makes the cache paged (vLLM's PagedAttention): its R rows are
+                 blocks of S slots shared by all sequences, and slot j of sequence b is
+                 slot j % S of block block_tables[b, j / S] (positions[b] < W S; the blocks
+                 of slots 0 .. positions[b] must be in [0, R); sequences may share blocks
+                 they only read, but no two write one slot);
+                 then optionally part (absent: 0, the whole step) and layer, which run one
+                 part of it from h = x: part 1, layer `layer`'s attention half (its cache
+                 slot written as below), output o W_o^T [B, C] in place of the logits,
+                 without the residual add; part 2, that layer's MLP half, output
+                 (silu(g) * u) W_down^T [B, C]; part 3, the final norm and head, logits
+                 [B, V]. Every layer's inputs are passed whatever the part. (A
+                 tensor-parallel rank decodes so: its weights are its heads' and inner
+                 features' share, and the ranks' sum of each half joins h between launches.)
+                 Math per layer (h the residual stream, starting at x): a = rms_norm(h) *
+                 attn_norm (eps); q, k, v = split(a W_qkv^T + qkv_bias); RoPE on q and k as
+                 rotary_embedding with theta at positions[b]; cache slot written; o =
+                 attention(q, cache[0 .. pos], scale 1/sqrt(D)); h += o W_o^T; m =
+                 rms_norm(h) * ffn_norm; g, u = split(m W_gate_up^T); h += (silu(g) * u)
+                 W_down^T. logits = (rms_norm(h) * final_norm) W_head^T. Results must not
+                 depend on the number of threads.
+"""
+
 
 _DECODER = dict(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=37, slots=8)
 

@@ -9,6 +9,14 @@ from ...dtypes import FLOATS
 from ..base import ELEMENTWISE_TOL, SUM_TOL
 from ..definition import Attr, OpDef
 
+# The kernel contract (rendered into anychip/ops.h): inputs -> outputs, then the math.
+CONTRACT = """\
+embedding:       ids int64[...], weight[V, C] -> out[..., C]; attrs: padding_idx (-1: none);
+                 rows of padding_idx are 0; an id outside [0, V) is an error.
+embedding_grad:  ids int64[...], dout[..., C] -> dweight[V, C]: the scatter-add of dout's
+                 rows by id, 0 where no id, nothing for padding_idx; attrs: padding_idx
+"""
+
 
 def _embedding_shape(shapes, attrs, out_shape):
     ids, weight = shapes

@@ -11,6 +11,11 @@ from ...dtypes import BASE
 from ..base import given, np_dtype
 from ..definition import Attr, OpDef
 
+# The kernel contract (rendered into anychip/ops.h): inputs -> outputs, then the math.
+CONTRACT = """\
+fill:            -> out (any dtype); attrs: value (cast to out's dtype as cast does)
+"""
+
 
 def _fill(x, a, out_dtype, out_shape):
     target = np_dtype(out_dtype)

@@ -13,6 +13,22 @@ from ..attention import _Attention, flashmask_attention
 from ..definition import OpDef
 from .attention import ATTRS
 
+# The kernel contract (rendered into anychip/ops.h): inputs -> outputs, then the math.
+CONTRACT = """\
+flashmask_attention: q, k, v as attention, startend_row_indices int32[B, Hm, Sk, E]
+                 with Hm in {1, Hk, Hq} and E in {1, 2, 4} -> o, lse; attrs: scale, causal.
+                 Column j of the mask for query head h is row (h * Hm / Hq) of dim 1.
+                 Query row i is hidden from key j when (causal and j > i + Sk - Sq) or
+                   E=1 (causal only):      i >= LTS[j]
+                   E=2, causal:            LTS[j] <= i < LTE[j]
+                   E=2, not causal:        i >= LTS[j] or i < UTE[j]
+                   E=4 (not causal only):  LTS[j] <= i < LTE[j] or UTS[j] <= i < UTE[j]
+                 (the columns of dim 3 are, in order, LTS, then LTE or UTE for E=2, and
+                 LTS, LTE, UTS, UTE for E=4). Every index lies in [0, Sq].
+                 Must equal `attention` with the equivalent dense mask bit for bit.
+flashmask_attention_grad: do, q, k, v, o, lse, startend_row_indices -> dq, dk, dv
+"""
+
 
 def _four_column_mask(rng, seq, heads):
     """[LTS, LTE, UTS, UTE] per kv head (causal=False): random hidden bands below and above."""

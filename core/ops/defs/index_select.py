@@ -9,6 +9,12 @@ from ...dtypes import FLOATS, INTS
 from ..base import axis_of
 from ..definition import Attr, OpDef
 
+# The kernel contract (rendered into anychip/ops.h): inputs -> outputs, then the math.
+CONTRACT = """\
+index_select:    x (float, int or int8), index int64[n] -> out (x's shape, n along axis); attrs:
+                 axis. Also serves gather. An index outside [0, x.shape[axis]) is an error.
+"""
+
 INDEXED = FLOATS + INTS + ("int8",)  # what index_select gathers
 
 

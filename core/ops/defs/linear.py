@@ -11,6 +11,20 @@ from ...dtypes import FLOATS
 from ..definition import Attr, OpDef
 from ..linear import _Linear, linear
 
+# The kernel contract (rendered into anychip/ops.h): inputs -> outputs, then the math.
+CONTRACT = """\
+linear:          x[..., K], weight[N, K], bias[N]? -> y[..., N]; attrs: compute.
+                 y = x W^T + bias. compute (an AnychipDtype; absent: the tensors' dtype) is
+                 the dtype of the products: the tensors' dtype, or bfloat16 for float32
+                 tensors (mixed precision: x, weight and dy are rounded to bfloat16, nearest
+                 even, for the products only; sums and every output stay float32).
+linear_grad:     dy[..., N], x[..., K], weight[N, K] -> dx[..., K], dweight[N, K], dbias[N]?
+                 (dbias only where bias needs a gradient); attrs: needs_dx, needs_dweight
+                 (absent: 1), compute (as linear). dx = dy W, dweight = dy^T x and dbias =
+                 the sum of dy (unrounded), both over all rows. An output whose flag is 0 is
+                 not written: the caller may pass a tensor with no elements in its place.
+"""
+
 
 def _cases(op, dtype, rng):
     out = []

@@ -9,6 +9,17 @@ from ...dtypes import FLOATS
 from ..base import SUM_TOL, broadcast_shape
 from ..definition import Attr, OpDef
 
+# The kernel contract (rendered into anychip/ops.h): inputs -> outputs, then the math.
+CONTRACT = """\
+matmul:          x[..., M, K] ([..., K, M] with transpose_x), y[..., K, N] ([..., N, K] with
+                 transpose_y) -> out[..., M, N]; attrs: transpose_x, transpose_y. x and y
+                 have out's batch rank and shape, stride 0 on the batch dims they broadcast.
+matmul_grad:     x, y (as matmul), dout[..., M, N] -> dx, dy; attrs: transpose_x,
+                 transpose_y. dx and dy are dense with x's and y's own (un-broadcast) shapes,
+                 of any batch rank up to out's, right-aligned: out batches that map onto one
+                 dx (dy) batch are summed.
+"""
+
 
 def _matmul_dims(x, y, tx, ty):
     if len(x) < 2 or len(y) < 2:

@@ -11,6 +11,14 @@ from ...dtypes import FLOATS
 from ..base import SUM_TOL, reduction_attrs, reduction_axes
 from ..definition import Attr, OpDef
 
+# The kernel contract (rendered into anychip/ops.h): inputs -> outputs, then the math.
+CONTRACT = """\
+sum, mean, max:  x float (any strides) -> out; attrs: keepdim, n, axis_0 .. axis_{n-1}
+                 (axes >= 0, sorted, distinct; n = 0: all axes). out has x's shape without
+                 the reduced dims (keepdim 0) or with them as 1 (keepdim 1). Sums accumulate
+                 in at least float32; mean of nothing is NaN, max of nothing -inf.
+"""
+
 _ATTRS = (Attr("keepdim", "1: reduced dims kept with size 1"), Attr("n", "the number of axes; 0: all axes"),
           Attr("axes", "n axes, >= 0, sorted and distinct", variadic=True))
 

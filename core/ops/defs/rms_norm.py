@@ -9,6 +9,15 @@ from ...dtypes import FLOATS
 from ..definition import Attr, OpDef
 from ..norm import _RmsNorm, rms_norm
 
+# The kernel contract (rendered into anychip/ops.h): inputs -> outputs, then the math.
+CONTRACT = """\
+rms_norm:        x[..., C], weight[C], residual[..., C]? -> y[..., C], inv_rms f32[R],
+                 h[..., C] (only with residual; h = x + residual, the normalised input);
+                 attrs: eps.  y = h * inv_rms * weight, inv_rms = 1/sqrt(mean(h^2) + eps)
+rms_norm_grad:   dy[..., C], h[..., C], weight[C], inv_rms f32[R], dh_extra[..., C]?
+                 -> dh[..., C], dweight[C] (weight's dtype); dh includes dh_extra
+"""
+
 
 def _cases(op, dtype, rng):
     out = []

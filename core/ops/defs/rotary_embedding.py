@@ -11,6 +11,15 @@ from ...dtypes import FLOATS
 from ..definition import Attr, OpDef
 from ..rotary import _Rotary, rotary_embedding
 
+# The kernel contract (rendered into anychip/ops.h): inputs -> outputs, then the math.
+CONTRACT = """\
+rotary_embedding: q[B,S,Hq,D], k[B,S,Hk,D], positions int64[B,S] -> q_out, k_out;
+                 attrs: theta.  Half-rotation (Llama/NeoX) layout: for i < D/2,
+                 f = pos * theta^(-2i/D) (float32), (a, b) = (x[i], x[i + D/2]),
+                 out[i] = a cos f - b sin f, out[i + D/2] = b cos f + a sin f
+rotary_embedding_grad: dq_out, dk_out, positions -> dq, dk; attrs: theta (rotation by -f)
+"""
+
 
 def _cases(op, dtype, rng):
     out = []

@@ -9,6 +9,12 @@ from ...dtypes import FLOATS
 from ..base import SUM_TOL, axis_of
 from ..definition import Attr, OpDef
 
+# The kernel contract (rendered into anychip/ops.h): inputs -> outputs, then the math.
+CONTRACT = """\
+softmax:         x -> out; attrs: axis (negative counts from the end)
+softmax_grad:    out, dout -> dx = out * (dout - sum(dout * out, axis)); attrs: axis
+"""
+
 
 def _softmax_shape(shapes, attrs, out_shape):
     axis_of(attrs, len(shapes[0]))

@@ -10,6 +10,12 @@ from ..definition import OpDef
 from ..dispatch import paddle
 from ..swiglu import _Swiglu, swiglu
 
+# The kernel contract (rendered into anychip/ops.h): inputs -> outputs, then the math.
+CONTRACT = """\
+swiglu:          gate[...], up[...] -> y = silu(gate) * up
+swiglu_grad:     dy, gate, up -> dgate, dup
+"""
+
 
 def _swiglu_packed_reference(impl, gate):
     return impl.reference(*paddle().split(gate, 2, axis=-1))

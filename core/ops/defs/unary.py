@@ -9,6 +9,13 @@ from ...dtypes import FLOATS
 from ..base import ELEMENTWISE_TOL, same, unary_reference
 from ..definition import Attr, OpDef
 
+# The kernel contract (rendered into anychip/ops.h): inputs -> outputs, then the math.
+CONTRACT = """\
+unary:           x -> out (same dtype, float): exp, log, sqrt, rsqrt, silu, sigmoid, tanh, abs,
+                 neg, sin, cos (radians); scale (attrs: scale, bias, bias_after_scale: out = scale*x + bias, or
+                 scale*(x + bias) when bias_after_scale is 0); pow (attrs: factor: out = x^factor)
+"""
+
 
 def _sigmoid(v):
     return 1.0 / (1.0 + np.exp(-v))

@@ -7,6 +7,13 @@ from ...dtypes import FLOATS
 from ..definition import OpDef
 from ..quant import _W8A8, w8a8_linear
 
+# The kernel contract (rendered into anychip/ops.h): inputs -> outputs, then the math.
+CONTRACT = """\
+w8a8_linear:     x[..., K] float, qweight int8[N, K], scales f32[N, 1], bias[N]?
+                 -> y[..., N] float.  Each row of x is quantized to int8 on the fly with
+                 its own scale absmax(row) / 127, the products summed in int32.
+"""
+
 
 def _cases(op, dtype, rng):
     out = []

@@ -9,6 +9,34 @@ from ...dtypes import FLOATS
 from ..definition import Attr, OpDef
 from ..quant import _WeightOnly, weight_only_linear
 
+# The kernel contract (rendered into anychip/ops.h): inputs -> outputs, then the math.
+CONTRACT = """\
+weight_only_linear: x[..., K] float, qweight, scales f32[N, G], offsets f32[N, G]?,
+                 bias[N]? (float) -> y[..., N] float; attrs: bits, group_size, has_offsets
+                 (absent: 0; input 3 is offsets only when it is 1).  y = x W^T + bias with
+                 W[n, k] = q[n, k] * scales[n, g] + offsets[n, g], g = k / group_size.
+                 Offsets make a group asymmetric (GGUF Q4_1: scale d, offset m + 8 d);
+                 weight_quantize never writes them. Group sizes: any divisor of K (the
+                 GGUF formats use 32).
+                 Optional 4th attr x_int8 (absent: 0), an approximation for decoding as
+                 llama.cpp's quantized dot products make: with 1, each row of x is first
+                 quantized per run of R elements, R = 32 for bits 8 and, for bits 4, the
+                 largest of 128, 64 and 32 that divides the group size (K for group_size
+                 -1) (K and group_size multiples of 32, or group_size -1, so that each run
+                 lies in one group): sx = absmax / 127,
+                 xq = clamp(round_half_away(x / sx), -127, 127) (sx 0: xq 0), and
+                 y[n] = sum over runs r of scales[n, g(r)] * sx[r] * sum_{k in r} q[n, k] xq[k]
+                        + sum_g offsets[n, g] * (sum of x over group g) + bias[n]
+                 (the integer sums exact, the float sums in any order). Forward only; relative
+                 error against the exact product ~5e-3 (R 32) to ~7e-3 (R 128) for Gaussian x.
+                 Optional 5th attr bf16_products (absent: 0; excludes x_int8): with 1, float32
+                 x is rounded to bfloat16 (to nearest even) for the products, as if x were
+                 bfloat16, and y stays float32 (where the products run on bfloat16 hardware,
+                 W's values are rounded to bfloat16 too; the sums are float32). Forward only.
+weight_only_linear_grad: dy[..., N], qweight, scales, offsets? -> dx[..., K];
+                 attrs: bits, group_size, has_offsets
+"""
+
 
 def _cases(op, dtype, rng):
     out = []

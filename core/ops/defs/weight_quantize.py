@@ -11,6 +11,19 @@ from ...dtypes import FLOATS
 from ..definition import Attr, OpDef
 from ..quant import _Quantize, weight_quantize
 
+# The kernel contract (rendered into anychip/ops.h): inputs -> outputs, then the math.
+CONTRACT = """\
+weight_quantize: w[K, N] float -> qweight, scales f32[N, G]; attrs: bits, group_size.
+                 group_size -1 means one group per output channel (G = 1), else
+                 G = K / group_size. Symmetric: scale = absmax(group) / qmax with
+                 qmax = 127 (8 bits) or 7 (4 bits), q = clamp(round(w / scale), -qmax, qmax)
+                 (a zero group gets scale 0 and q 0).
+                 bits 8: qweight int8[N, K], qweight[n, k] = q.
+                 bits 4: qweight uint8[N, K/2], K a multiple of 64; each row is a run of
+                 32-byte blocks, block b holding k = 64b .. 64b+63: byte i has q(64b+i)+8
+                 in its low nibble and q(64b+32+i)+8 in its high nibble.
+"""
+
 
 def _unpack_nibbles(outputs):
     """4-bit qweight [N, K/2] -> its codes [N, K] (anychip/kernel.h's layout), so that a

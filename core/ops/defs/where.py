@@ -9,6 +9,11 @@ from ...dtypes import BASE
 from ..base import broadcast
 from ..definition import OpDef
 
+# The kernel contract (rendered into anychip/ops.h): inputs -> outputs, then the math.
+CONTRACT = """\
+where:           condition bool, x, y (any dtype) -> out = condition ? x : y
+"""
+
 
 def _where(x, a, out_dtype, out_shape):
     return [np.where(x[0].astype(bool), x[1], x[2]).astype(x[1].dtype)]

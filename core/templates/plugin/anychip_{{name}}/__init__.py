@@ -55,7 +55,7 @@ def generated_library() -> anychip_codegen.Library:
 
 @anychip.hookimpl
 def anychip_register_kernels(registry):
-    # One registration per op and device; the ops and their kernel contracts are kernel.h's op table.
+    # One registration per op and device; the ops and their kernel contracts are anychip/ops.h's op table.
     registry.register("swiglu", "{{name}}", ("float32",),
                       forward=_kernel("anychip_{{name}}_swiglu"),
                       backward=_kernel("anychip_{{name}}_swiglu_grad"))

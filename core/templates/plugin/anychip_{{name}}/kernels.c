@@ -3,7 +3,7 @@
  * directory), registered in __init__.py's anychip_register_kernels. Ops without a kernel here
  * still run on {{name}}: anychip runs their Paddle reference, counted as a fallback.
  *
- * One op so far, swiglu for float32, forward and backward. From kernel.h's op table:
+ * One op so far, swiglu for float32, forward and backward. From anychip/ops.h's op table:
  *   swiglu:      gate[...], up[...] -> y = silu(gate) * up
  *   swiglu_grad: dy, gate, up -> dgate, dup
  * with silu(g) = g * s, s = sigmoid(g), so dup = dy * silu(g) and
@@ -56,7 +56,7 @@ static int is_dense(const AnychipTensor* t) {
   return 1;
 }
 
-/* anychip has already checked everything kernel.h's op table states (same shapes, one float
+/* anychip has already checked everything ops.h's op table states (same shapes, one float
  * dtype); what is left is what this kernel adds: float32 only, dense. */
 static AnychipStatus check_float32_dense(const AnychipKernelCall* call, const char* kernel) {
   for (int32_t i = 0; i < call->num_inputs + call->num_outputs; ++i) {
