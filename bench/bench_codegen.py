@@ -51,6 +51,7 @@ import pytest
 
 import anychip_codegen as cg
 from anychip.kernels import KernelRegistry, NativeKernel
+from anychip.ops import definition
 from benchlib import THREADS, Case, Cycle, ForeignLoad, RooflineShare, aligned_empty_like, stream_count
 
 SUBJECT_LABEL = "anychip CodeGen acg_{op}_float32 (c backend)"
@@ -60,6 +61,11 @@ LIBRARY_NAME = "npu_kernels"  # as plugins/npu names it
 DEVICE = "npu"
 EPS = 1e-5
 MB = 2**20
+
+
+def _attrs(op: str, **values) -> tuple:
+    """The attrs of a launch of ``op`` by name, in its definition's order."""
+    return tuple(definition(op).attr_values(**values))
 
 
 @dataclass(frozen=True)
@@ -126,11 +132,12 @@ class KernelCall:
 
 
 def rms_norm_call(rows, cols, dram=True) -> KernelCall:
-    return KernelCall("rms_norm", ((rows, cols), (cols,)), ((rows, cols), (rows,)), (EPS,), dram=dram)
+    return KernelCall("rms_norm", ((rows, cols), (cols,)), ((rows, cols), (rows,)), _attrs("rms_norm", eps=EPS),
+                      dram=dram)
 
 
 def softmax_call(rows, cols) -> KernelCall:
-    return KernelCall("softmax", ((rows, cols),), ((rows, cols),), (-1,))
+    return KernelCall("softmax", ((rows, cols),), ((rows, cols),), _attrs("softmax", axis=-1))
 
 
 def binary_call(op, shape, other_shape=None) -> KernelCall:
@@ -146,7 +153,8 @@ def matmul_call(m, k, n, transpose_y=False, dram=False) -> KernelCall:
     """x [m, k] times y [k, n] (transpose_y: y stored [n, k]); the two kernels sum in different
     orders, hence the looser tolerance."""
     y = (n, k) if transpose_y else (k, n)
-    return KernelCall("matmul", ((m, k), y), ((m, n),), (0, int(transpose_y)), dram=dram, tolerance=(1e-4, 1e-4))
+    return KernelCall("matmul", ((m, k), y), ((m, n),), _attrs("matmul", transpose_x=0, transpose_y=transpose_y),
+                      dram=dram, tolerance=(1e-4, 1e-4))
 
 
 def matmul_flops(call: KernelCall) -> float:

@@ -63,12 +63,14 @@ def test_rms_norm_fwd(benchmark, bench, pd, request, impl):
     if impl == "anychip_kernel":
         # The cpu plugin's kernel on numpy arrays, without Paddle: no op checks, no output
         # allocation (whose first-touch page faults every op pays), for comparison only.
+        from anychip.ops import OPS
         from anychip_plugins.host import _kernel
 
         kernel = _kernel("rms_norm")
+        attrs = OPS["rms_norm"].attr_values(eps=EPS)
         xs = Cycle([base.copy() for _ in range(n)])
         y, inv = aligned_empty_like(base), np.empty(R, np.float32)  # aligned like Paddle's outputs
-        bench.run(benchmark, FWD, impl, lambda: kernel.run_host([xs(), w], [y, inv], [EPS]), label=LABELS[impl])
+        bench.run(benchmark, FWD, impl, lambda: kernel.run_host([xs(), w], [y, inv], attrs), label=LABELS[impl])
         return
     xs = [host_tensor(base) for _ in range(n)]
     wt = host_tensor(w)

@@ -154,10 +154,11 @@ def test_gemv_peer(benchmark, bench, pd, request, impl):
     if impl.startswith("anychip_kernel"):
         # The cpu plugin's kernel on numpy arrays, without Paddle: no op checks, no output
         # allocation; what the bound op's row adds to it is the cost of calling from Python.
+        from anychip.ops import OPS
         from anychip_plugins.host import _kernel
 
         kernel = _kernel("weight_only_linear")
-        attrs = [4, 128, 0, 1] if x_int8 else [4, 128]
+        attrs = OPS["weight_only_linear"].attr_values(bits=4, group_size=128, **({"x_int8": 1} if x_int8 else {}))
         q, s = _packed(4, 128, rng)
         count = stream_count(cases[0].amount)
         nxt = Cycle([(q.copy(), s.copy()) for _ in range(count)])

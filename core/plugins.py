@@ -107,18 +107,20 @@ class _ThirdPartyKernels:
         return self._registry.count(device)
 
 
+def _listed(result, hook: str, kind: type, kind_name: str, noun: str) -> list:
+    """What hook ``hook`` returned, as a list of ``kind``: any iterable (listed once, so that a
+    generator is not used up by this check)."""
+    if isinstance(result, kind) or not isinstance(result, Iterable):
+        raise TypeError(f"{hook} returned {type(result).__name__}, expected a list (or other iterable) of {kind_name}")
+    items = list(result)
+    for item in items:
+        if not isinstance(item, kind):
+            raise TypeError(f"{hook} returned a {type(item).__name__} among its {noun}, expected {kind_name}")
+    return items
+
+
 def _device_specs(result) -> list[DeviceSpec]:
-    """What an anychip_register_devices hook returned, as a list: any iterable of DeviceSpec
-    (listed once, so that a generator is not used up by this check)."""
-    if isinstance(result, DeviceSpec) or not isinstance(result, Iterable):
-        raise TypeError(f"anychip_register_devices returned {type(result).__name__}, expected a list "
-                        "(or other iterable) of anychip.DeviceSpec")
-    specs = list(result)
-    for spec in specs:
-        if not isinstance(spec, DeviceSpec):
-            raise TypeError(f"anychip_register_devices returned a {type(spec).__name__} among its devices, "
-                            "expected anychip.DeviceSpec")
-    return specs
+    return _listed(result, "anychip_register_devices", DeviceSpec, "anychip.DeviceSpec", "devices")
 
 
 def _builtin_ops():
@@ -128,18 +130,9 @@ def _builtin_ops():
 
 
 def _op_definitions(result) -> list:
-    """What an anychip_register_ops hook returned, as a list of OpDef."""
     from .ops.definition import OpDef
 
-    if isinstance(result, OpDef) or not isinstance(result, Iterable):
-        raise TypeError(f"anychip_register_ops returned {type(result).__name__}, expected a list of "
-                        "anychip.ops.definition.OpDef")
-    ops = list(result)
-    for op in ops:
-        if not isinstance(op, OpDef):
-            raise TypeError(f"anychip_register_ops returned a {type(op).__name__} among its ops, expected "
-                            "anychip.ops.definition.OpDef")
-    return ops
+    return _listed(result, "anychip_register_ops", OpDef, "anychip.ops.definition.OpDef", "ops")
 
 
 def discover() -> Registry:

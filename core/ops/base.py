@@ -24,10 +24,9 @@ definition declares. Rules shared by every base op (kernel.h states them too):
 
 from __future__ import annotations
 
-import math
 import numpy as np
 
-from ..dtypes import FLOATS, INTS
+from ..dtypes import INTS
 
 # (rtol, atol) of a kernel against the float64 reference, per storage dtype: one rounding of the
 # output for elementwise math; float32 sums in a different order for reductions and products.

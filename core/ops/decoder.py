@@ -23,7 +23,7 @@ import numpy as np
 from ..dtypes import FLOATS
 from . import checks
 from .attention import reference_attention
-from .dispatch import OpImpl, attrs, descriptor, device_label, device_of, dtype_name, empty, launch, paddle, run
+from .dispatch import OpImpl, attrs, descriptor, device_label, device_of, empty, launch, paddle, run
 from .quant import dequantize, quantize_x_int8, x_int8_fits, x_int8_run
 from .rotary import _Rotary
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ...ops.dispatch import attrs
 from .launch import FLOATS, device_of, kernel_for, launch, on_host
 from .registration import impl
 
@@ -58,14 +59,14 @@ def operand(v, dtype: torch.dtype, shape: tuple, device: torch.device) -> torch.
     return t.expand(shape)
 
 
-def _elementwise(kernel_name: str, overload, args, compute: torch.dtype, out_dtype: torch.dtype, attrs=()):
+def _elementwise(kernel_name: str, overload, args, compute: torch.dtype, out_dtype: torch.dtype, attr_values=()):
     device = device_of(*args)
     shape = broadcast_shapes(*(_shape(a) for a in args))
     kernel = kernel_for(kernel_name, compute)
     if kernel is None:
         return on_host(overload.__name__, overload, compute, *args)
     out = torch.empty(shape, dtype=out_dtype, device=device)
-    launch(kernel, kernel_name, [operand(a, compute, shape, device) for a in args], [out], attrs)
+    launch(kernel, kernel_name, [operand(a, compute, shape, device) for a in args], [out], attr_values)
     return out
 
 
@@ -139,7 +140,7 @@ def pow_scalar(self, exponent):
     dtype = _promoted(self, exponent)
     if dtype not in FLOATS:
         return on_host("pow.Tensor_Scalar", aten.pow, dtype, self, exponent)
-    return _elementwise("pow", aten.pow, (self,), dtype, dtype, (float(exponent),))
+    return _elementwise("pow", aten.pow, (self,), dtype, dtype, attrs("pow", factor=exponent))
 
 
 # ---- comparisons and selection ---------------------------------------------------------------
@@ -253,7 +254,8 @@ def _reduce(kernel_name: str, overload_label: str, overload, self, dim, keepdim,
     shape = [1 if i in reduced else n for i, n in enumerate(x.shape)] if keepdim else \
         [n for i, n in enumerate(x.shape) if i not in reduced]
     out = torch.empty(shape, dtype=compute, device=x.device)
-    launch(kernel_for(kernel_name, compute), kernel_name, [x], [out], [float(keepdim), len(axes), *axes])
+    launch(kernel_for(kernel_name, compute), kernel_name, [x], [out],
+           attrs(kernel_name, keepdim=keepdim, n=len(axes), axes=axes))
     return out
 
 
@@ -301,7 +303,7 @@ def softmax(self, dim, half_to_float):
     if kernel is None:
         return on_host("_softmax", aten._softmax.default, dtype, self, dim, half_to_float)
     out = torch.empty(x.shape, dtype=dtype, device=x.device)
-    launch(kernel, "softmax", [x.contiguous()], [out], [dim])
+    launch(kernel, "softmax", [x.contiguous()], [out], attrs("softmax", axis=dim))
     return out
 
 
@@ -312,7 +314,8 @@ def softmax_backward(grad_output, output, dim, input_dtype):
         return on_host("_softmax_backward_data", aten._softmax_backward_data.default, output.dtype, grad_output,
                        output, dim, input_dtype)
     out = torch.empty(output.shape, dtype=output.dtype, device=output.device)
-    launch(kernel, "softmax_grad", [output.contiguous(), grad_output.to(output.dtype).contiguous()], [out], [dim])
+    launch(kernel, "softmax_grad", [output.contiguous(), grad_output.to(output.dtype).contiguous()], [out],
+           attrs("softmax_grad", axis=dim))
     return out if out.dtype == input_dtype else out.to(input_dtype)
 
 
@@ -350,7 +353,7 @@ def _matmul(overload_label, overload, a, b, *extra):
     b = b.expand(*batch, *b.shape[-2:])
     out = torch.empty((*batch, a.shape[-2], b.shape[-1]), dtype=dtype, device=a.device)
     (x, tx), (y, ty) = _matmul_operand(a), _matmul_operand(b)
-    launch(kernel, "matmul", [x, y], [out], [tx, ty])
+    launch(kernel, "matmul", [x, y], [out], attrs("matmul", transpose_x=tx, transpose_y=ty))
     return out
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ...ops.dispatch import attrs
 from . import bridge
 from .launch import kernel_for, launch, record_fallback
 from .registration import impl
@@ -101,7 +102,7 @@ def fill_scalar(self, value):
         _from_host(torch.full((), value, dtype=self.dtype), self)
         return self
     target = self if self.is_contiguous() else torch.empty(self.shape, dtype=self.dtype, device=self.device)
-    launch(kernel, "fill", [], [target], [float(value)])
+    launch(kernel, "fill", [], [target], attrs("fill", value=value))
     if target is not self:
         _device_copy(target, self)
     return self

@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from ...ops.dispatch import attrs
 from .launch import backward_kernel_for, kernel_for, launch, on_host
 from .registration import impl
 
@@ -22,7 +23,7 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
     ids = (indices if indices.dtype == torch.int64 else indices.long()).contiguous()
     out = torch.empty((*ids.shape, weight.shape[1]), dtype=weight.dtype, device=weight.device)
     # PyTorch's padding_idx only stops the row's gradient; its forward reads the row as it is
-    launch(kernel, "embedding", [ids, weight.contiguous()], [out], [-1])
+    launch(kernel, "embedding", [ids, weight.contiguous()], [out], attrs("embedding", padding_idx=-1))
     return out
 
 
@@ -34,7 +35,7 @@ def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, sca
                        grad_output, indices, num_weights, padding_idx, scale_grad_by_freq)
     out = torch.empty((num_weights, grad_output.shape[-1]), dtype=grad_output.dtype, device=grad_output.device)
     launch(kernel, "embedding_grad", [indices.long().contiguous(), grad_output.contiguous()], [out],
-           [padding_idx if padding_idx is not None else -1])
+           attrs("embedding_grad", padding_idx=padding_idx if padding_idx is not None else -1))
     return out
 
 
@@ -48,7 +49,7 @@ def index_select(self, dim, index):
     shape = list(self.shape)
     shape[dim] = idx.numel()
     out = torch.empty(shape, dtype=self.dtype, device=self.device)
-    launch(kernel, "index_select", [self.contiguous(), idx], [out], [dim])
+    launch(kernel, "index_select", [self.contiguous(), idx], [out], attrs("index_select", axis=dim))
     return out
 
 
@@ -84,7 +85,7 @@ def arange_out(start, end, step=1, *, out):
     if kernel is None:
         return out.copy_(torch.arange(start, end, step, dtype=out.dtype))
     if n:
-        launch(kernel, "arange", [], [out], [float(start), float(step)])
+        launch(kernel, "arange", [], [out], attrs("arange", start=start, step=step))
     return out
 
 
@@ -113,7 +114,7 @@ def sdpa(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, retu
     out = torch.empty((B, Sq, H, D), dtype=query.dtype, device=query.device)
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=query.device)
     launch(kernel, "attention", [_bshd(query), _bshd(key), _bshd(value), *_mask(attn_bias)], [out, lse],
-           [scale, float(is_causal)])
+           attrs("attention", scale=scale, causal=is_causal))
     empty = torch.empty(0, dtype=torch.int64, device=query.device)
     return out.transpose(1, 2), lse, empty, empty, Sq, key.shape[2], empty, empty, empty
 
@@ -129,6 +130,7 @@ def sdpa_backward(grad_out, query, key, value, attn_bias, grad_input_mask, out, 
     q, k, v = _bshd(query), _bshd(key), _bshd(value)
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
     launch(kernel, "attention_grad", [_bshd(grad_out), q, k, v, _bshd(out), logsumexp.contiguous(),
-                                      *_mask(attn_bias)], [dq, dk, dv], [scale, float(is_causal)])
+                                      *_mask(attn_bias)], [dq, dk, dv],
+           attrs("attention", grad=True, scale=scale, causal=is_causal))
     bias_grad = torch.empty(0, dtype=query.dtype, device=query.device)
     return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2), bias_grad

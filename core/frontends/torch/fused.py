@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ...ops.dispatch import attrs
 from .launch import backward_kernel_for, kernel_for, launch, record_fallback
 
 BACKEND = "anychip"
@@ -36,7 +37,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.T
     x = x.contiguous()
     y = torch.empty_like(x)
     inv = torch.empty(x.numel() // x.shape[-1], dtype=torch.float32, device=x.device)
-    launch(kernel, "rms_norm", [x, weight.contiguous()], [y, inv], [eps])
+    launch(kernel, "rms_norm", [x, weight.contiguous()], [y, inv], attrs("rms_norm", eps=eps))
     return y, inv
 
 
@@ -124,7 +125,8 @@ def rotary_embedding(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
     if kernel is None:
         return _rotate(q, positions, theta, 1.0), _rotate(k, positions, theta, 1.0)
     qo, ko = torch.empty_like(q, memory_format=torch.contiguous_format), torch.empty_like(k, memory_format=torch.contiguous_format)
-    launch(kernel, "rotary_embedding", [q.contiguous(), k.contiguous(), positions.contiguous()], [qo, ko], [theta])
+    launch(kernel, "rotary_embedding", [q.contiguous(), k.contiguous(), positions.contiguous()], [qo, ko],
+           attrs("rotary_embedding", theta=theta))
     return qo, ko
 
 
@@ -144,7 +146,8 @@ def _rotary_backward(ctx, dq, dk):
     if kernel is None:
         return _rotate(dq, positions, ctx.theta, -1.0), _rotate(dk, positions, ctx.theta, -1.0), None, None
     gq, gk = torch.empty_like(dq, memory_format=torch.contiguous_format), torch.empty_like(dk, memory_format=torch.contiguous_format)
-    launch(kernel, "rotary_embedding_grad", [dq.contiguous(), dk.contiguous(), positions], [gq, gk], [ctx.theta])
+    launch(kernel, "rotary_embedding_grad", [dq.contiguous(), dk.contiguous(), positions], [gq, gk],
+           attrs("rotary_embedding", grad=True, theta=ctx.theta))
     return gq, gk, None, None
 
 
@@ -176,7 +179,7 @@ def _launch_attention(kernel, op: str, q, k, v, extra: list, scale: float, causa
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
     launch(kernel, op, [q.contiguous(), k.contiguous(), v.contiguous(), *(t.contiguous() for t in extra)], [o, lse],
-           [scale, float(causal)])
+           attrs(op, scale=scale, causal=causal))
     return o, lse
 
 
@@ -205,7 +208,7 @@ def _attention_backward_of(op: str, dense_mask):
         dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
         extra = [] if mask is None else [mask.contiguous()]
         launch(kernel, f"{op}_grad", [do.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), o, lse, *extra],
-               [dq, dk, dv], [ctx.scale, float(ctx.causal)])
+               [dq, dk, dv], attrs(op, grad=True, scale=ctx.scale, causal=ctx.causal))
         return dq, dk, dv, None, None, None
     return backward
 
@@ -258,7 +261,7 @@ def weight_only_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
     y = torch.empty((*x.shape[:-1], qweight.shape[0]), dtype=x.dtype, device=x.device)
     launch(kernel, "weight_only_linear", [x.contiguous(), *_wol_inputs(qweight, scales, offsets),
                                           *([] if bias is None else [bias.contiguous()])],
-           [y], [bits, group_size, float(offsets is not None)])
+           [y], attrs("weight_only_linear", bits=bits, group_size=group_size, has_offsets=offsets is not None))
     return y
 
 
@@ -283,7 +286,8 @@ def _wol_backward(ctx, dy):
         return dx, None, None, None, dbias, None, None
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     launch(kernel, "weight_only_linear_grad", [dy.contiguous(), *_wol_inputs(qweight, scales, offsets)], [dx],
-           [ctx.bits, ctx.group_size, float(offsets is not None)])
+           attrs("weight_only_linear", grad=True, bits=ctx.bits, group_size=ctx.group_size,
+                 has_offsets=offsets is not None))
     return dx, None, None, None, dbias, None, None
 
 
