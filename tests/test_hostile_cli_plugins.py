@@ -132,6 +132,37 @@ def test_a_device_hook_returning_no_iterable_says_what_it_should_return(discover
     assert "expected a list (or other iterable) of anychip.DeviceSpec" in reasons(reg, name)
 
 
+def test_an_ops_hook_returning_junk_or_raising_is_listed_and_anychips_ops_stay(discover_with):
+    from anychip.ops import OPS
+
+    reg = discover_with({
+        "junkops": ("hostile_junkops", """
+            import anychip
+            @anychip.hookimpl
+            def anychip_register_ops():
+                return ["log1p"]
+        """),
+        "raiseops": ("hostile_raiseops", """
+            import anychip
+            @anychip.hookimpl
+            def anychip_register_ops():
+                raise RuntimeError("op table corrupt")
+        """),
+        "thiefops": ("hostile_thiefops", """
+            import anychip
+            from anychip.ops import OPS
+            @anychip.hookimpl
+            def anychip_register_ops():
+                return [OPS["rms_norm"]]
+        """),
+    })
+    assert "returned a str among its ops, expected anychip.ops.definition.OpDef" in reasons(reg, "junkops")
+    assert "anychip_register_ops: RuntimeError: op table corrupt" in reasons(reg, "raiseops")
+    assert "anychip_register_ops: op 'rms_norm' is already defined by anychip" in reasons(reg, "thiefops")
+    assert reg.ops == {} and "rms_norm" in OPS
+    assert {"cpu", "npu"} <= set(reg.devices)
+
+
 # ---- the model commands ------------------------------------------------------------------------------
 
 
