@@ -92,12 +92,19 @@ import numpy as np
 
 from anychip.conformance.case import elementwise_cases
 from anychip.ops.base import same, unary_reference
-from anychip.ops.definition import OpDef
+from anychip.ops.definition import Attr, OpDef
 
 LOG1P = OpDef(
     "log1p", "unary", "log(1 + x)", ("x",), ("out",), ("float32",), {"float32": (1e-5, 1e-6)},
     lambda op, dtype, rng: elementwise_cases(op, dtype, rng, low=0.0),
     shape=same, reference_fn=unary_reference(lambda v, a: np.log1p(v)), paddle=("log1p",))
+
+# an op with an attr: no slot wrapper passes one, so `anychip ops --paddle` says why Paddle's
+# softplus is not served
+SOFTPLUS = OpDef(
+    "softplus", "unary", "log(1 + e^(beta x)) / beta", ("x",), ("out",), ("float32",), {"float32": (1e-5, 1e-6)},
+    lambda op, dtype, rng: elementwise_cases(op, dtype, rng), attrs=(Attr("beta", "the sharpness"),),
+    shape=same, reference_fn=unary_reference(lambda v, a: np.log1p(np.exp(a[0] * v)) / a[0]), paddle=("softplus",))
 '''
 
 KERNEL = r'''
@@ -140,7 +147,7 @@ import anychip
 from anychip.kernels import NativeKernel
 from anychip.ops import OPS
 
-from .log1p import LOG1P
+from .log1p import LOG1P, SOFTPLUS
 
 LIBRARY = str(Path(__file__).with_name("libgen_kernels.so"))
 
@@ -154,7 +161,7 @@ def anychip_register_devices():
 
 @anychip.hookimpl
 def anychip_register_ops():
-    return [LOG1P, replace(OPS["swiglu"])]  # swiglu is anychip's: refused, log1p kept
+    return [LOG1P, SOFTPLUS, replace(OPS["swiglu"])]  # swiglu is anychip's: refused, the others kept
 
 
 @anychip.hookimpl
@@ -217,7 +224,9 @@ def test_a_new_op_is_one_definition_file_plus_its_kernel(gen_site, tmp_path):
     assert "anychip_register_ops: op 'swiglu' is already defined by anychip" in devices["gen"]["reason"]
 
     # the Paddle bridge: Paddle's own log1p on the device runs the plugin's kernel, no CPU fallback
-    assert "log1p  float32" in _anychip(gen_site, "ops", "--paddle", "--device", "gen").stdout
+    listing = _anychip(gen_site, "ops", "--paddle", "--device", "gen").stdout
+    assert "log1p  float32" in listing
+    assert "softplus: softplus has attrs, and the slot wrappers pass none" in listing
     script = textwrap.dedent(f"""
         import ctypes, json
         import numpy as np

@@ -49,6 +49,10 @@ def paddle_kernel_listing(devices: list[str]) -> str:
         width = max((len(name) for name in served), default=0)
         lines += [f"  {name:{width}}  {' '.join(dtypes)}" for name, dtypes in sorted(served.items())]
         blocks.append("\n".join(lines))
+    unserved = paddle_kernels.unserved()
+    if unserved:
+        blocks.append("Paddle kernels that op definitions name and no device gets:\n"
+                      + "\n".join(f"  {name}: {why}" for name, why in sorted(unserved.items())))
     return "\n\n".join(blocks)
 
 

@@ -50,7 +50,7 @@ class OpDef:
     """One op. ``inputs``/``outputs``: names in call order (a trailing input named with a "?"
     is optional). ``attrs``: :class:`Attr` in order. ``dtypes``: those a kernel may be
     registered for; ``tolerance``: dtype -> (rtol, atol) of a kernel against the reference.
-    ``cases(dtype, rng)``: the conformance kit's sample calls (``anychip.conformance.case``).
+    ``cases(op, dtype, rng)``: the conformance kit's sample calls (``anychip.conformance.case``).
     ``grad``: the kernel computing the input gradients (fused: a kernel registered as the op's
     backward, with ``grad_attrs``; base: another base op). ``paddle``: the Paddle kernels this op
     serves one to one through the Paddle bridge. ``contract``: the kernel contract in words (the
@@ -58,7 +58,7 @@ class OpDef:
 
     Base ops only: ``input_dtypes`` per input, "=" (the kernel's dtype), a dtype name or "any"
     (cast); ``output_dtypes`` per output, "=", a dtype name or "given" (the caller chooses);
-    ``dtype_of``: the tensor whose dtype keys the kernel; ``shape`` and ``reference``: the shape
+    ``dtype_of``: the tensor whose dtype keys the kernel; ``shape`` and ``reference_fn``: the shape
     rule and the numpy reference (float math in float64, cast to the output dtype)."""
 
     name: str
@@ -87,7 +87,7 @@ class OpDef:
         if self.category not in CATEGORIES:
             raise ValueError(f"{where}: category must be one of {CATEGORIES}, got {self.category!r}")
         if not callable(self.cases):
-            raise ValueError(f"{where}: cases must be a function (dtype, rng) -> sample cases")
+            raise ValueError(f"{where}: cases must be a function (op, dtype, rng) -> sample cases")
         missing = [d for d in self.dtypes if d not in self.tolerance]
         if missing:
             raise ValueError(f"{where}: tolerance must give (rtol, atol) for every dtype, missing {missing}")
@@ -133,7 +133,7 @@ class OpDef:
         for i, a in enumerate(attrs):
             if a.name == name:
                 return i
-        raise ValueError(f"{self.name}{'_grad' if grad else ''} has no attr {name!r} "
+        raise ValueError(f"{self.grad if grad else self.name} has no attr {name!r} "
                          f"(its attrs: {', '.join(a.name for a in attrs) or 'none'})")
 
     def attr_values(self, grad: bool = False, **values) -> list[float]:

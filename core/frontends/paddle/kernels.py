@@ -62,11 +62,15 @@ def unserved() -> dict[str, str]:
     """{Paddle kernel: why}: the Paddle kernels that op definitions name and the bridge cannot serve."""
     from ...ops.defs import definitions
 
+    def why(op) -> str:
+        if op.category not in SLOT_KINDS:
+            return f"the bridge's table has no wrapper for it, and slots take only {' or '.join(SLOT_KINDS)} ops"
+        if op.attrs:
+            return f"{op.name} has attrs, and the slot wrappers pass none"
+        return f"every {op.category} slot is taken"
+
     launches, _slots = rows()
-    return {pk: (f"{op.name} is a {op.category} op with attrs" if op.category in SLOT_KINDS and op.attrs
-                 else f"no wrapper in the bridge's table for a {op.category} op, and every slot is taken"
-                 if op.category in SLOT_KINDS else f"no wrapper in the bridge's table for a {op.category} op")
-            for op in definitions().values() for pk in op.paddle if pk not in launches}
+    return {pk: why(op) for op in definitions().values() for pk in op.paddle if pk not in launches}
 
 
 def plan(registry, device: str) -> tuple[dict[tuple[str, str], NativeKernel], dict[str, list[str]]]:
