@@ -45,7 +45,8 @@ def _shifted(positions, by: int):
 
 
 # The smallest decode step that batch_int8 takes in int8. SmolLM2 (Q4_1) on 2 Zen 4 cores, ms
-# per step exact / int8: 2 sequences 7.2 / 9.5, 4: 13.0 / 11.7, 8: 24.4 / 15.6, 16: 48.2 / 22.4.
+# per step exact / int8: 2 sequences 7.2 / 9.5, 4: 13.0 / 11.7, 8: 24.4 / 15.6, 16: 48.2 / 22.4;
+# capped to AVX2 (another day, slower): 4: 23.6 / 18.5.
 BATCH_INT8_MIN = 4
 
 

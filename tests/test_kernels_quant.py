@@ -579,6 +579,27 @@ def x_int8_cases() -> None:
         check_x_int8(rng, 2, 256, 19, dtype, 4, 32, True, True)
         check_x_int8(rng, 5, 160, 19, dtype, 8, -1, False, False)
     check_x_int8_extremes()
+    check_x_int8_rows_stand_alone(rng)
+
+
+def check_x_int8_rows_stand_alone(rng) -> None:
+    """A row of x gets the same bits in any batch of fewer than 4 rows, and in any of 4 or more
+    (gemm_int8x, in row blocks), whatever the other rows: what continuous batching relies on."""
+    for bits in (4, 8):
+        _, _, packed, scales = quantized_weight(rng, 192, 21, "float32", bits, 64)
+        weights, attrs = weight_args(packed, scales, None, bits, 64)
+        x = rng.standard_normal((13, 192)).astype(np.float32)
+
+        def run(rows):
+            y = empty((len(rows), 21), "float32")
+            kernel("weight_only_linear").run_host([np.ascontiguousarray(rows)] + weights, [y],
+                                                  (attrs + [0])[:3] + [1])
+            return y
+
+        small, large = run(x[:3]), run(x)
+        np.testing.assert_array_equal(run(x[1:2]), small[1:2], err_msg=f"{bits} bits, 1 row of 3")
+        for rows in (slice(0, 4), slice(5, 13), slice(2, 7)):
+            np.testing.assert_array_equal(run(x[rows]), large[rows], err_msg=f"{bits} bits, rows {rows} of 13")
 
 
 def check_x_int8_extremes() -> None:
@@ -590,12 +611,13 @@ def check_x_int8_extremes() -> None:
     q[2, ::2], q[2, 1::2] = -128, 127
     q[3] = -127
     scales = np.full((n, 1), 0.5, dtype=np.float32)
-    x = np.ones((2, k), dtype=np.float32)
-    x[1, 1::2] = -1.0  # codes +-127: each run's absmax is 1
-    y = empty((2, n), "float32")
-    kernel("weight_only_linear").run_host([x, q, scales], [y], [8, -1, 0, 1])
-    want, bound = x_int8_ref(x.astype(np.float64), q, scales, None, None, 8)
-    check_error(y.astype(np.float64), want, bound, "float32", "x_int8 extreme 8-bit codes")
+    x = np.ones((5, k), dtype=np.float32)
+    x[1::2, 1::2] = -1.0  # codes +-127: each run's absmax is 1
+    for m in (2, 5):  # the GEMV tiles, gemm_int8x
+        y = empty((m, n), "float32")
+        kernel("weight_only_linear").run_host([x[:m], q, scales], [y], [8, -1, 0, 1])
+        want, bound = x_int8_ref(x[:m].astype(np.float64), q, scales, None, None, 8)
+        check_error(y.astype(np.float64), want, bound, "float32", f"x_int8 extreme 8-bit codes, {m} rows")
 
 
 @pytest.mark.parametrize("isa", isa_params("scalar", "avx2", "avx512"))

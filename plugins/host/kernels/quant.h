@@ -122,7 +122,8 @@ struct XInt8 {
   std::vector<float> scale;    // [m][k / run]: sx of each run
   // The same rows laid out for the AVX-512 products (quant_gemv_int8x.cc's tiles, or from
   // kGemmInt8xRows rows gemm_int8x's: pack_gemm_row), or for 4 bits on AVX2 each run's share of
-  // the codes' +8 (quant_gemv_avx2.cc), row_bytes each from the first 64-byte boundary of `packed`.
+  // the codes' +8 (quant_gemv_avx2.cc; from kGemmInt8xRows rows pack_gemm_row's, as gemm_int8x),
+  // row_bytes each from the first 64-byte boundary of `packed`.
   std::vector<uint8_t> packed;
   int64_t row_bytes = 0;
 
@@ -147,7 +148,8 @@ void quantize_x(const float* x, int64_t m, int64_t k, int bits, int64_t group, X
 void gemv_int8x(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float* y, int64_t ldy, Isa isa);
 
 // gemv_int8x for x.m >= kGemmInt8xRows rows on AVX-512 (quant_gemm_int8x.cc, which
-// says why): 16 columns of W in the lanes, each 32-k piece summed in int32 for every row of x.
+// says why): 16 columns of W in the lanes, each 32-k piece summed in int32 for every row of x
+// (gemm_int8x_avx2 the same on AVX2, 8 columns).
 // A row's float arithmetic is its own, so it gets the same bits in any batch of kGemmInt8xRows
 // or more rows (and in any of fewer, from the tiles), not across the two.
 constexpr int64_t kGemmInt8xRows = 4;  // below it, transposing the panels costs more than it saves
@@ -161,6 +163,10 @@ void pack_gemm_row(const int8_t* q, int64_t k, int bits, uint8_t* out);
 // K a multiple of 64). Every row of x any M, each row's sums the same whatever M.
 void gemv_avx2(const QWeight& w, const float* x, int64_t m, int64_t n0, int64_t n1, float* y, int64_t ldy);
 void gemv_int8x_avx2(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float* y, int64_t ldy);
+// gemm_int8x on AVX2 (quant_gemm_int8x_avx2.cc): 8 columns of W in the lanes; x quantized for
+// it (quantize_x: for 4 bits pack_gemm_row's layout). A row's float arithmetic is its own, as
+// in gemm_int8x.
+void gemm_int8x_avx2(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float* y, int64_t ldy);
 // quantize_x's runs on AVX2, bit for bit as its scalar loop: `runs` runs of `run` (a multiple of
 // 32) of x into their codes q and scales sx, and with `offsets` each run's share of the 4-bit
 // codes' +8 (sx * -8 * the sum of its codes).

@@ -329,9 +329,12 @@ void quantize_x(const float* x, int64_t m, int64_t k, int bits, int64_t group, X
   const int64_t runs = out->runs();
   out->q.resize(static_cast<size_t>(m * k));
   out->scale.resize(static_cast<size_t>(m * runs));
-  const bool avx2_offsets = isa == Isa::kAvx2 && bits == 4;
-  // AVX-512: the GEMV tiles' layout below kGemmInt8xRows rows, gemm_int8x's from it
-  const bool tiles = has_avx512(isa) && m < kGemmInt8xRows, gemm = has_avx512(isa) && !tiles;
+  // AVX-512: the GEMV tiles' layout below kGemmInt8xRows rows, gemm_int8x's from it; AVX2,
+  // 4 bits: the tiles' +8 shares below, gemm_int8x_avx2's layout (gemm_int8x's) from it; AVX2,
+  // 8 bits: x.q alone.
+  const bool batch = m >= kGemmInt8xRows, tiles = has_avx512(isa) && !batch;
+  const bool gemm = batch && (has_avx512(isa) || (isa == Isa::kAvx2 && bits == 4));
+  const bool avx2_offsets = isa == Isa::kAvx2 && bits == 4 && !gemm;
   out->row_bytes = tiles ? chunks(bits, k) * chunk_bytes(bits) : gemm ? gemm_row_bytes(bits, k)
                    : avx2_offsets ? runs * 4 : 0;
   out->packed.resize(static_cast<size_t>(m * out->row_bytes + 64));
@@ -341,6 +344,7 @@ void quantize_x(const float* x, int64_t m, int64_t k, int bits, int64_t group, X
     if (isa == Isa::kAvx2) {
       quantize_runs_avx2(x + i * k, runs, out->run, q, sx,
                          avx2_offsets ? reinterpret_cast<float*>(const_cast<uint8_t*>(out->row(i))) : nullptr);
+      if (gemm) pack_gemm_row(q, k, bits, const_cast<uint8_t*>(out->row(i)));
     } else if (!has_avx512(isa)) {
       quantize_runs_scalar(x + i * k, runs, out->run, q, sx);
     } else {
@@ -354,7 +358,9 @@ void quantize_x(const float* x, int64_t m, int64_t k, int bits, int64_t group, X
 void gemv_int8x(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float* y, int64_t ldy, Isa isa) {
   if (n0 >= n1 || x.m == 0) return;
   const QWeight sym = w.symmetric();
-  if (isa == Isa::kAvx2) {
+  if (isa == Isa::kAvx2 && x.m >= kGemmInt8xRows) {
+    gemm_int8x_avx2(sym, x, n0, n1, y, ldy);
+  } else if (isa == Isa::kAvx2) {
     gemv_int8x_avx2(sym, x, n0, n1, y, ldy);
   } else if (!has_avx512(isa)) {
     gemv_scalar(sym, x, n0, n1, y, ldy);
