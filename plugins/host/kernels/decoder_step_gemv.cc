@@ -1,6 +1,6 @@
 // The decode step's products y = x W^T for a few rows of x: float32 W here, quantized W through
 // quant::gemv (which takes at most kGemvRows rows of x at a time) or, with x_int8, through
-// quant::gemv_int8x (plus the offsets' share); bfloat16 W through quant::gemv_amx_bf16
+// quant::gemv_int8x (the offsets' share included); bfloat16 W through quant::gemv_amx_bf16
 // (kBf16Rows rows of x at a time), or without AMX through float32 W's tiles, widened as it is
 // loaded (a scalar loop before: SmolLM2 --bf16 decoded at 14 tok/s on a Zen 3, against 69 for
 // float32 W).
@@ -200,7 +200,7 @@ void Input::set(const Lin& lin, const float* in) {
     for (int64_t i = 0; i < m * k; ++i) rounded_buffer_[i] = to_float(from_float<bf16>(in[i]));
     rounded = rounded_buffer_.data();
   } else if (lin.bits != 0 && x_int8_) {
-    quant::quantize_x(in, m, k, lin.bits, lin.q.group, &int8_buffer_, isa);
+    quant::quantize_x(in, m, lin.q, &int8_buffer_, isa);
     int8 = &int8_buffer_;
   }
 }
@@ -226,7 +226,6 @@ void gemv(Input& in, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   }
   if (in.int8 != nullptr) {
     quant::gemv_int8x(w.q, *in.int8, n0, n1, y, ldy, in.isa);
-    quant::add_offsets(w.q, x, m, n0, n1, y, ldy);
     return;
   }
   if (w.bits == 0) {

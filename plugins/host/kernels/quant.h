@@ -110,9 +110,9 @@ constexpr int64_t x_run(int bits, int64_t group) {
 }
 
 // M rows of x quantized per run of `run` elements (x_run): sx = absmax / 127, xq =
-// clamp(round_half_away(x / sx), -127, 127) (sx 0: xq 0). quantize_x builds it for the weights
-// it is to meet; gemv_int8x then reads it on any number of row ranges. K must be a multiple of
-// the run.
+// clamp(round_half_away(x / sx), -127, 127) (sx 0: xq 0); for W with offsets also the group
+// sums of float x, their share. quantize_x builds it for the weights it is to meet; gemv_int8x
+// then reads it on any number of row ranges. K must be a multiple of the run.
 struct XInt8 {
   static constexpr int64_t kMinRun = 32;  // every run is a multiple of it
   int bits = 4;
@@ -120,6 +120,7 @@ struct XInt8 {
   int64_t m = 0, k = 0;
   std::vector<int8_t> q;       // [m][k]
   std::vector<float> scale;    // [m][k / run]: sx of each run
+  std::vector<float> sums;     // W with offsets: [m][groups], group_sums of float x; else empty
   // The same rows laid out for the AVX-512 products (quant_gemv_int8x.cc's tiles, or from
   // kGemmInt8xRows rows gemm_int8x's: pack_gemm_row), or for 4 bits on AVX2 each run's share of
   // the codes' +8 (quant_gemv_avx2.cc; from kGemmInt8xRows rows pack_gemm_row's, as gemm_int8x),
@@ -137,19 +138,18 @@ struct XInt8 {
   }
 };
 
-// x quantized for W of `bits` bits and groups of `group` k (runs of x_run(bits, group)).
-void quantize_x(const float* x, int64_t m, int64_t k, int bits, int64_t group, XInt8* out, Isa isa);
+// x [m][w.k] quantized for W (its bits and groups: runs of x_run(w.bits, w.group)).
+void quantize_x(const float* x, int64_t m, const QWeight& w, XInt8* out, Isa isa);
 
 // y[i][n] = sum over runs r of scales[n][g(r)] * sx[i][r] * sum_{k in r} q[n][k] xq[i][k] for
-// i < x.m, n in [n0, n1): the symmetric part of the x_int8 product (add_offsets adds the
-// offsets' share, from float x). The integer sums are exact; each output's float arithmetic
-// depends only on whether M reaches kGemmInt8xRows, not on [n0, n1) or the other rows. x
-// quantized for w (quantize_x with w's bits and group).
+// i < x.m, n in [n0, n1), plus with offsets sum_g offsets[n][g] * x.sums[i][g]: the x_int8
+// product. The integer sums are exact; each output's float arithmetic depends only on whether M
+// reaches kGemmInt8xRows, not on [n0, n1) or the other rows. x quantized for w (quantize_x).
 void gemv_int8x(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float* y, int64_t ldy, Isa isa);
 
 // gemv_int8x for x.m >= kGemmInt8xRows rows on AVX-512 (quant_gemm_int8x.cc, which
-// says why): 16 columns of W in the lanes, each 32-k piece summed in int32 for every row of x
-// (gemm_int8x_avx2 the same on AVX2, 8 columns).
+// says why): 16 columns of W in the lanes, each 32-k piece summed in int32 for every row of x,
+// the offsets' share added in the same pass (gemm_int8x_avx2 the same on AVX2, 8 columns).
 // A row's float arithmetic is its own, so it gets the same bits in any batch of kGemmInt8xRows
 // or more rows (and in any of fewer, from the tiles), not across the two.
 constexpr int64_t kGemmInt8xRows = 4;  // below it, transposing the panels costs more than it saves

@@ -14,10 +14,11 @@
 // 8 bits: both operands are signed, so the panel holds |w| (unsigned) beside w, and x takes w's
 // signs (vpsignb) before vpmaddubsw; a pair reaches 2 * 128 * 127, so each product is widened
 // (vpmaddwd) before the next is added.
+// W's offsets add their share (times x's group sums) after the pieces, as in gemm_int8x.
 //
 // SmolLM2's MLP weights ([1536, 576], Q4_1) times 16 rows of x, 2 AMD EPYC (Zen 4) cores capped
-// to AVX2: 245 us per call here, 486 in gemv_int8x_avx2's tiles (weight_only_linear, offsets
-// included).
+// to AVX2, calls alternated: 200 us per call here, 386 in gemv_int8x_avx2's tiles
+// (weight_only_linear: quantizing x and the offsets included).
 #include <algorithm>
 #include <vector>
 
@@ -57,16 +58,19 @@ QUANT_AVX2_INLINE void transpose_block(const uint8_t* const (&col)[8], __m256i (
 
 // Columns n .. n + 7 of W (`live` of them real; the others repeat column n) as a panel: for each
 // 32-k piece p, 8 code vectors (vector t: each column's codes of k 32p + 4t .. + 3 in its lane),
-// for 8 bits then 8 of their absolute values; scale_t[g][c] the scales. Read by every row of x
-// from L1.
+// for 8 bits then 8 of their absolute values; scale_t[g][c] the scales, offset_t[g][c] the
+// offsets (W with offsets). Read by every row of x from L1.
 template <int kBits>
-QUANT_AVX2 void pack_panel(const QWeight& w, int64_t n, int64_t live, __m256i* panel, float* scale_t) {
+QUANT_AVX2 void pack_panel(const QWeight& w, int64_t n, int64_t live, __m256i* panel, float* scale_t,
+                           float* offset_t) {
   constexpr int kStride = kBits == 4 ? 8 : 16;  // vectors per piece
   const uint8_t* col[8];
   for (int c = 0; c < 8; ++c) {
     const int64_t cn = c < live ? n + c : n;
     col[c] = w.row(cn);
     for (int64_t g = 0; g < w.groups; ++g) scale_t[g * kCols + c] = w.row_scales(cn)[g];
+    if (w.offsets != nullptr)
+      for (int64_t g = 0; g < w.groups; ++g) offset_t[g * kCols + c] = w.row_offsets(cn)[g];
   }
   const __m256i low4 = _mm256_set1_epi8(0x0f);
   const uint8_t* at[8];
@@ -98,7 +102,7 @@ QUANT_AVX2 void pack_panel(const QWeight& w, int64_t n, int64_t live, __m256i* p
 // sum start from x.row(i) (pack_gemm_row).
 template <int kBits, int MR>
 QUANT_AVX2 void rows(const QWeight& w, const XInt8& x, int64_t i0, const __m256i* panel, const float* scale_t,
-                     float* acc) {
+                     const float* offset_t, float* acc) {
   constexpr int kStride = kBits == 4 ? 8 : 16;
   const int64_t runs = x.runs(), pieces = w.k / 32;
   const __m256i ones = _mm256_set1_epi16(1);
@@ -136,13 +140,19 @@ QUANT_AVX2 void rows(const QWeight& w, const XInt8& x, int64_t i0, const __m256i
       sum[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]), _mm256_mul_ps(sw, _mm256_set1_ps(x.scale[(i0 + i) * runs + r])),
                                sum[i]);
   }
+  if (w.offsets != nullptr)
+    for (int64_t g = 0; g < w.groups; ++g) {
+      const __m256 off = _mm256_loadu_ps(offset_t + g * kCols);
+      for (int i = 0; i < MR; ++i)
+        sum[i] = _mm256_fmadd_ps(off, _mm256_set1_ps(x.sums[(i0 + i) * w.groups + g]), sum[i]);
+    }
   for (int i = 0; i < MR; ++i) _mm256_storeu_ps(acc + (i0 + i) * kCols, sum[i]);
 }
 
 template <int kBits>
 QUANT_AVX2 void tile(const QWeight& w, const XInt8& x, int64_t n, int64_t live, __m256i* panel, float* scale_t,
-                     float* acc, float* y, int64_t ldy) {
-  pack_panel<kBits>(w, n, live, panel, scale_t);
+                     float* offset_t, float* acc, float* y, int64_t ldy) {
+  pack_panel<kBits>(w, n, live, panel, scale_t, offset_t);
   // The next panel's columns come from memory while this one's rows multiply (without this,
   // packing the panels, which waits on those loads, took 40% of the time at 16 rows).
   const int64_t bytes = w.row_bytes();
@@ -152,10 +162,10 @@ QUANT_AVX2 void tile(const QWeight& w, const XInt8& x, int64_t n, int64_t live, 
   }
   for (int64_t i0 = 0; i0 < x.m; i0 += kRows) {
     switch (std::min(kRows, x.m - i0)) {
-      case 1: rows<kBits, 1>(w, x, i0, panel, scale_t, acc); break;
-      case 2: rows<kBits, 2>(w, x, i0, panel, scale_t, acc); break;
-      case 3: rows<kBits, 3>(w, x, i0, panel, scale_t, acc); break;
-      default: rows<kBits, 4>(w, x, i0, panel, scale_t, acc); break;
+      case 1: rows<kBits, 1>(w, x, i0, panel, scale_t, offset_t, acc); break;
+      case 2: rows<kBits, 2>(w, x, i0, panel, scale_t, offset_t, acc); break;
+      case 3: rows<kBits, 3>(w, x, i0, panel, scale_t, offset_t, acc); break;
+      default: rows<kBits, 4>(w, x, i0, panel, scale_t, offset_t, acc); break;
     }
   }
   for (int64_t i = 0; i < x.m; ++i)
@@ -166,14 +176,15 @@ QUANT_AVX2 void tile(const QWeight& w, const XInt8& x, int64_t n, int64_t live, 
 
 QUANT_AVX2 void gemm_int8x_avx2(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   std::vector<float> acc(static_cast<size_t>(x.m * kCols)), scale_t(static_cast<size_t>(w.groups * kCols));
+  std::vector<float> offset_t(static_cast<size_t>(w.offsets != nullptr ? w.groups * kCols : 0));
   std::vector<uint8_t> bytes(static_cast<size_t>(w.k / 32 * 16 * 32 + 32));
   auto* panel = reinterpret_cast<__m256i*>((reinterpret_cast<uintptr_t>(bytes.data()) + 31) & ~uintptr_t{31});
   for (int64_t n = n0; n < n1; n += kCols) {
     const int64_t live = std::min(kCols, n1 - n);
     if (w.bits == 4) {
-      tile<4>(w, x, n, live, panel, scale_t.data(), acc.data(), y, ldy);
+      tile<4>(w, x, n, live, panel, scale_t.data(), offset_t.data(), acc.data(), y, ldy);
     } else {
-      tile<8>(w, x, n, live, panel, scale_t.data(), acc.data(), y, ldy);
+      tile<8>(w, x, n, live, panel, scale_t.data(), offset_t.data(), acc.data(), y, ldy);
     }
   }
 }

@@ -317,18 +317,23 @@ void gemv_avx512(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float
 void XInt8::reserve(int64_t rows, int64_t cols) {
   q.reserve(static_cast<size_t>(rows * cols));
   scale.reserve(static_cast<size_t>(rows * (cols / kMinRun)));
+  sums.reserve(static_cast<size_t>(rows * (cols / kMinRun)));
   const int64_t widest = std::max(chunks(4, cols) * chunk_bytes(4), chunks(8, cols) * chunk_bytes(8));
   packed.reserve(static_cast<size_t>(rows * widest + 64));
 }
 
-void quantize_x(const float* x, int64_t m, int64_t k, int bits, int64_t group, XInt8* out, Isa isa) {
+void quantize_x(const float* x, int64_t m, const QWeight& w, XInt8* out, Isa isa) {
+  const int64_t k = w.k;
+  const int bits = w.bits;
   out->bits = bits;
-  out->run = x_run(bits, group);
+  out->run = x_run(bits, w.group);
   out->m = m;
   out->k = k;
   const int64_t runs = out->runs();
   out->q.resize(static_cast<size_t>(m * k));
   out->scale.resize(static_cast<size_t>(m * runs));
+  out->sums.resize(static_cast<size_t>(w.offsets != nullptr ? m * w.groups : 0));
+  if (w.offsets != nullptr) group_sums(w, x, m, out->sums.data());
   // AVX-512: the GEMV tiles' layout below kGemmInt8xRows rows, gemm_int8x's from it; AVX2,
   // 4 bits: the tiles' +8 shares below, gemm_int8x_avx2's layout (gemm_int8x's) from it; AVX2,
   // 8 bits: x.q alone.
@@ -357,18 +362,18 @@ void quantize_x(const float* x, int64_t m, int64_t k, int bits, int64_t group, X
 
 void gemv_int8x(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float* y, int64_t ldy, Isa isa) {
   if (n0 >= n1 || x.m == 0) return;
+  // The GEMMs add the offsets' share as they go; the GEMVs' tiles take the symmetric part.
+  if (isa == Isa::kAvx2 && x.m >= kGemmInt8xRows) return gemm_int8x_avx2(w, x, n0, n1, y, ldy);
+  if (has_avx512(isa) && x.m >= kGemmInt8xRows) return gemm_int8x(w, x, n0, n1, y, ldy);
   const QWeight sym = w.symmetric();
-  if (isa == Isa::kAvx2 && x.m >= kGemmInt8xRows) {
-    gemm_int8x_avx2(sym, x, n0, n1, y, ldy);
-  } else if (isa == Isa::kAvx2) {
+  if (isa == Isa::kAvx2) {
     gemv_int8x_avx2(sym, x, n0, n1, y, ldy);
   } else if (!has_avx512(isa)) {
     gemv_scalar(sym, x, n0, n1, y, ldy);
-  } else if (x.m >= kGemmInt8xRows) {
-    gemm_int8x(sym, x, n0, n1, y, ldy);
   } else {
     gemv_avx512(sym, x, n0, n1, y, ldy);
   }
+  add_offsets_sums(w, x.sums.data(), x.m, n0, n1, y, ldy);
 }
 
 }  // namespace anychip::cpu::quant

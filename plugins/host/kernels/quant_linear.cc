@@ -121,39 +121,37 @@ constexpr int64_t kGemvBlock = 64;
 // one pass takes (quant_gemv*.cc), it is still in L2 when the next rows of x come to it.
 constexpr int64_t kGemvUnit = 64;
 
-// acc [M][N] and y from `product(n0, n1, acc)`, which sums x times W^T for W's rows [n0, n1),
-// a unit of kGemvUnit rows at a time: the offsets' share and the store are the same for every
-// product.
+// acc [M][N] and y from `product(n0, n1, acc)`, which writes x times W^T (offsets included) for
+// W's rows [n0, n1), a unit of kGemvUnit rows at a time: the store is the same for every product.
 template <typename Product>
-void forward_blocks(const QWeight& w, const float* x, int64_t m, const AnychipTensor& y, const float* bias, Isa isa,
-                    int threads, Product&& product) {
-  std::vector<float> acc(static_cast<size_t>(m * w.n)), sums;
-  if (w.offsets != nullptr) {
-    sums.resize(static_cast<size_t>(m * w.groups));
-    group_sums(w, x, m, sums.data());
-  }
+void forward_blocks(const QWeight& w, int64_t m, const AnychipTensor& y, const float* bias, Isa isa, int threads,
+                    Product&& product) {
+  std::vector<float> acc(static_cast<size_t>(m * w.n));
   std::vector<UnitRun> runs(static_cast<size_t>(threads));
   split_runs(runs.data(), threads, (w.n + kGemvUnit - 1) / kGemvUnit);
 #pragma omp parallel num_threads(threads)
   walk_runs(runs.data(), threads, omp_get_thread_num(), [&](int64_t u) {
     const int64_t n0 = u * kGemvUnit, n1 = std::min(w.n, n0 + kGemvUnit);
     product(n0, n1, acc.data());
-    add_offsets_sums(w, sums.data(), m, n0, n1, acc.data(), w.n);
     store_rows(y, w.n, 0, m, n0, n1 - n0, acc.data() + n0, w.n, bias, isa);
   });
 }
 
 void forward_gemv(const QWeight& w, const float* x, int64_t m, const AnychipTensor& y, const float* bias, Isa isa,
                   int threads) {
-  forward_blocks(w, x, m, y, bias, isa, threads,
-                 [&](int64_t n0, int64_t n1, float* acc) { gemv(w, x, m, n0, n1, acc, w.n, isa); });
+  std::vector<float> sums(static_cast<size_t>(w.offsets != nullptr ? m * w.groups : 0));
+  if (w.offsets != nullptr) group_sums(w, x, m, sums.data());
+  forward_blocks(w, m, y, bias, isa, threads, [&](int64_t n0, int64_t n1, float* acc) {
+    gemv(w, x, m, n0, n1, acc, w.n, isa);
+    add_offsets_sums(w, sums.data(), m, n0, n1, acc, w.n);
+  });
 }
 
 void forward_gemv_int8x(const QWeight& w, const float* x, int64_t m, const AnychipTensor& y, const float* bias,
                         Isa isa, int threads) {
   XInt8 xq;
-  quantize_x(x, m, w.k, w.bits, w.group, &xq, isa);
-  forward_blocks(w, x, m, y, bias, isa, threads,
+  quantize_x(x, m, w, &xq, isa);
+  forward_blocks(w, m, y, bias, isa, threads,
                  [&](int64_t n0, int64_t n1, float* acc) { gemv_int8x(w, xq, n0, n1, acc, w.n, isa); });
 }
 
