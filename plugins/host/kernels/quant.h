@@ -5,8 +5,10 @@
 // except gemm_f32 and gemm_amx which parallelise over output column blocks themselves.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <type_traits>
 #include <vector>
 
 #include "common.h"
@@ -158,6 +160,41 @@ void gemm_int8x(const QWeight& w, const XInt8& x, int64_t n0, int64_t n1, float*
 // each 32-k piece's sum start, -8 times the sum of its codes (int32); 8 bits, the codes + 128.
 constexpr int64_t gemm_row_bytes(int bits, int64_t k) { return bits == 4 ? k / 32 * 4 : k; }
 void pack_gemm_row(const int8_t* q, int64_t k, int bits, uint8_t* out);
+
+// What the two GEMMs share outside their vectors. Their panels hold `cols` columns of W, n ..
+// n + cols - 1, of which the first `live` are real and the others repeat column n.
+// Lane c of each group's scales (and offsets) in scale_t[g * cols + c] (offset_t).
+inline void panel_scales(const QWeight& w, int64_t n, int64_t live, int64_t cols, float* scale_t, float* offset_t) {
+  for (int64_t c = 0; c < cols; ++c) {
+    const int64_t cn = c < live ? n + c : n;
+    for (int64_t g = 0; g < w.groups; ++g) scale_t[g * cols + c] = w.row_scales(cn)[g];
+    if (w.offsets != nullptr)
+      for (int64_t g = 0; g < w.groups; ++g) offset_t[g * cols + c] = w.row_offsets(cn)[g];
+  }
+}
+// The next panel's columns into L1, on their way from memory while this one's rows multiply:
+// the packing would otherwise wait on DRAM with nothing else to do (without it, packing took
+// 40% of gemm_int8x_avx2's time at 16 rows).
+inline void prefetch_next_panel(const QWeight& w, int64_t n, int64_t cols) {
+  const int64_t bytes = w.row_bytes();
+  for (int64_t c = 0; c < cols; ++c) {
+    const char* row = reinterpret_cast<const char*>(w.row(std::min(n + cols + c, w.n - 1)));
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 0, 3);
+  }
+}
+// rows(std::integral_constant<int, MR>(), i0) for the m rows of x in blocks of kMax, the last
+// one shorter: a block's sums stay in registers, so MR is a template constant.
+template <int MR, int kMax, typename Rows>
+void row_block(int64_t count, int64_t i0, Rows& rows) {
+  if constexpr (MR < kMax) {
+    if (count != MR) return row_block<MR + 1, kMax>(count, i0, rows);
+  }
+  rows(std::integral_constant<int, MR>(), i0);
+}
+template <int kMax, typename Rows>
+void row_blocks(int64_t m, Rows&& rows) {
+  for (int64_t i0 = 0; i0 < m; i0 += kMax) row_block<1, kMax>(std::min<int64_t>(kMax, m - i0), i0, rows);
+}
 
 // gemv and gemv_int8x on AVX2 + FMA (quant_gemv_avx2.cc), for the symmetric part of W (4 bits:
 // K a multiple of 64). Every row of x any M, each row's sums the same whatever M.

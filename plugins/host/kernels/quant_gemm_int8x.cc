@@ -35,7 +35,6 @@ namespace anychip::cpu::quant {
 namespace {
 
 constexpr int64_t kCols = 16;  // columns of W per tile: one per lane
-constexpr int64_t kAheadTiles = 1;  // a tile prefetches the columns of the tile this far ahead
 constexpr int64_t kBlock = 64;  // 4 bits: k per transposed block, 32 bytes of each column
 
 // Dwords t = 0..7 of 16 columns' blocks (column c's 32 bytes at col[c]) as 8 vectors, vector t
@@ -73,14 +72,9 @@ template <int kBits>
 QUANT_AVX512 void pack_panel(const QWeight& w, int64_t n, int64_t live, __m512i* panel, float* scale_t,
                              float* offset_t) {
   constexpr int kStride = kBits == 4 ? 8 : 9;  // vectors per piece
+  panel_scales(w, n, live, kCols, scale_t, offset_t);
   const uint8_t* col[16];
-  for (int c = 0; c < 16; ++c) {
-    const int64_t cn = c < live ? n + c : n;
-    col[c] = w.row(cn);
-    for (int64_t g = 0; g < w.groups; ++g) scale_t[g * kCols + c] = w.row_scales(cn)[g];
-    if (w.offsets != nullptr)
-      for (int64_t g = 0; g < w.groups; ++g) offset_t[g * kCols + c] = w.row_offsets(cn)[g];
-  }
+  for (int c = 0; c < 16; ++c) col[c] = w.row(c < live ? n + c : n);
   const __m512i low4 = _mm512_set1_epi8(0x0f), x_offset = _mm512_set1_epi8(static_cast<char>(128));
   const uint8_t* at[16];
   __m512i raw[8];
@@ -158,26 +152,9 @@ template <int kBits>
 QUANT_AVX512 void tile(const QWeight& w, const XInt8& x, int64_t n, int64_t live, __m512i* panel, float* scale_t,
                        float* offset_t, float* acc, float* y, int64_t ldy) {
   pack_panel<kBits>(w, n, live, panel, scale_t, offset_t);
-  // A later tile's columns are on their way from memory while this one's rows multiply: the
-  // panel's loads would otherwise wait on DRAM with nothing else to do.
-  const int64_t next = std::min(n + kAheadTiles * kCols, w.n - 1), bytes = w.row_bytes();
-  for (int64_t c = 0; c < kCols; ++c) {
-    const char* row = reinterpret_cast<const char*>(w.row(std::min(next + c, w.n - 1)));
-    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
-  }
-  constexpr int64_t kRows = 8;  // rows of x per block: their sums and the piece's codes stay in registers
-  for (int64_t i0 = 0; i0 < x.m; i0 += kRows) {
-    switch (std::min(kRows, x.m - i0)) {
-      case 1: rows<kBits, 1>(w, x, i0, panel, scale_t, offset_t, acc); break;
-      case 2: rows<kBits, 2>(w, x, i0, panel, scale_t, offset_t, acc); break;
-      case 3: rows<kBits, 3>(w, x, i0, panel, scale_t, offset_t, acc); break;
-      case 4: rows<kBits, 4>(w, x, i0, panel, scale_t, offset_t, acc); break;
-      case 5: rows<kBits, 5>(w, x, i0, panel, scale_t, offset_t, acc); break;
-      case 6: rows<kBits, 6>(w, x, i0, panel, scale_t, offset_t, acc); break;
-      case 7: rows<kBits, 7>(w, x, i0, panel, scale_t, offset_t, acc); break;
-      default: rows<kBits, 8>(w, x, i0, panel, scale_t, offset_t, acc); break;
-    }
-  }
+  prefetch_next_panel(w, n, kCols);
+  constexpr int kRows = 8;  // rows of x per block: their sums and the piece's codes stay in registers
+  row_blocks<kRows>(x.m, [&](auto mr, int64_t i0) { rows<kBits, decltype(mr)::value>(w, x, i0, panel, scale_t, offset_t, acc); });
   for (int64_t i = 0; i < x.m; ++i)
     _mm512_mask_storeu_ps(y + i * ldy + n, lanes16(live), _mm512_loadu_ps(acc + i * kCols));
 }

@@ -33,7 +33,7 @@ namespace {
 
 constexpr int64_t kCols = 8;    // columns of W per panel: one per dword lane
 constexpr int64_t kBlock = 64;  // 4 bits: k per 32 bytes of a row, pieces 2b (low nibbles) and 2b + 1 (high)
-constexpr int64_t kRows = 4;    // rows of x per pass over a piece: their sums stay in registers
+constexpr int kRows = 4;        // rows of x per pass over a piece: their sums stay in registers
 
 // Dwords t = 0..7 of 8 columns' 32 bytes (column c's at col[c]) as 8 vectors, vector t holding
 // column c's dword t in lane c: two 4 x 4 transposes per 128-bit half, then the halves paired.
@@ -64,14 +64,9 @@ template <int kBits>
 QUANT_AVX2 void pack_panel(const QWeight& w, int64_t n, int64_t live, __m256i* panel, float* scale_t,
                            float* offset_t) {
   constexpr int kStride = kBits == 4 ? 8 : 16;  // vectors per piece
+  panel_scales(w, n, live, kCols, scale_t, offset_t);
   const uint8_t* col[8];
-  for (int c = 0; c < 8; ++c) {
-    const int64_t cn = c < live ? n + c : n;
-    col[c] = w.row(cn);
-    for (int64_t g = 0; g < w.groups; ++g) scale_t[g * kCols + c] = w.row_scales(cn)[g];
-    if (w.offsets != nullptr)
-      for (int64_t g = 0; g < w.groups; ++g) offset_t[g * kCols + c] = w.row_offsets(cn)[g];
-  }
+  for (int c = 0; c < 8; ++c) col[c] = w.row(c < live ? n + c : n);
   const __m256i low4 = _mm256_set1_epi8(0x0f);
   const uint8_t* at[8];
   __m256i raw[8];
@@ -153,21 +148,8 @@ template <int kBits>
 QUANT_AVX2 void tile(const QWeight& w, const XInt8& x, int64_t n, int64_t live, __m256i* panel, float* scale_t,
                      float* offset_t, float* acc, float* y, int64_t ldy) {
   pack_panel<kBits>(w, n, live, panel, scale_t, offset_t);
-  // The next panel's columns come from memory while this one's rows multiply (without this,
-  // packing the panels, which waits on those loads, took 40% of the time at 16 rows).
-  const int64_t bytes = w.row_bytes();
-  for (int64_t c = 0; c < kCols; ++c) {
-    const char* row = reinterpret_cast<const char*>(w.row(std::min(n + kCols + c, w.n - 1)));
-    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
-  }
-  for (int64_t i0 = 0; i0 < x.m; i0 += kRows) {
-    switch (std::min(kRows, x.m - i0)) {
-      case 1: rows<kBits, 1>(w, x, i0, panel, scale_t, offset_t, acc); break;
-      case 2: rows<kBits, 2>(w, x, i0, panel, scale_t, offset_t, acc); break;
-      case 3: rows<kBits, 3>(w, x, i0, panel, scale_t, offset_t, acc); break;
-      default: rows<kBits, 4>(w, x, i0, panel, scale_t, offset_t, acc); break;
-    }
-  }
+  prefetch_next_panel(w, n, kCols);
+  row_blocks<kRows>(x.m, [&](auto mr, int64_t i0) { rows<kBits, decltype(mr)::value>(w, x, i0, panel, scale_t, offset_t, acc); });
   for (int64_t i = 0; i < x.m; ++i)
     _mm256_maskstore_ps(y + i * ldy + n, avx2::lanes8(static_cast<int>(live)), _mm256_loadu_ps(acc + i * kCols));
 }
