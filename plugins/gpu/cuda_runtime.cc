@@ -13,9 +13,7 @@
 #include <mutex>
 #include <new>
 #include <string>
-#include <unordered_map>
 #include <unordered_set>
-#include <vector>
 
 #include "anychip/device.h"
 #include "anychip/runtime_book.h"
@@ -81,21 +79,6 @@ struct DriverApi {
   int (*DeviceGetName)(char* name, int len, int device);
 };
 
-// Per-device bookkeeping of device_allocate, so frees can be validated and stats reported.
-struct DeviceMemory {
-  std::unordered_map<void*, uint64_t> live;  // pointer -> size rounded to kMinChunkSize
-  uint64_t allocated = 0;
-  uint64_t peak = 0;
-  uint64_t total = 0;
-};
-
-// Live CUDA streams or events, each with the device it was created on, so stale or foreign
-// handles fail with INVALID_ARGUMENT instead of reaching CUDA (where they are undefined).
-struct HandleRegistry {
-  const char* kind;
-  std::unordered_map<void*, int> owner;
-};
-
 }  // namespace
 
 struct AnychipRuntime_st {
@@ -104,11 +87,12 @@ struct AnychipRuntime_st {
   DriverApi driver{};
   int device_count = 0;
 
-  std::mutex mu;  // guards initialize/finalize and everything below
-  std::vector<DeviceMemory> memory;
-  std::unordered_set<void*> host_allocations;
-  HandleRegistry streams{"stream", {}};
-  HandleRegistry events{"event", {}};
+  std::mutex mu;  // guards initialize and finalize
+  // The contract's bookkeeping (anychip/runtime_book.h), from initialize to finalize: live
+  // allocations, so that frees are checked and memory_stats counts them; live streams and
+  // events with their device, so that stale or foreign handles fail with INVALID_ARGUMENT
+  // instead of reaching CUDA, where they are undefined.
+  AnychipBook* book = nullptr;
 };
 
 namespace {
@@ -182,29 +166,28 @@ AnychipStatus require(bool ok, int device, const char* op, const char* what) {
   return fail(ANYCHIP_ERROR_INVALID_ARGUMENT, gpu(device) + " " + op + ": " + what);
 }
 
+// `record()` on the book, under its lock.
+template <typename Record>
+AnychipStatus with_book(AnychipRuntime rt, int device, Record record) {
+  if (AnychipStatus s = anychip_book_lock_device(rt->book, device)) return s;
+  return anychip_book_unlock(rt->book, record());
+}
+
 enum class HandleUse {
   kOwnDevice,  // the handle must belong to `device`
   kAnyDevice,  // CUDA orders across devices (stream_wait_event's event)
   kRemove,     // as kOwnDevice, and unregisters it
 };
 
-AnychipStatus check_handle(AnychipRuntime rt, HandleRegistry& registry, void* handle, int device,
-                           const char* op, HandleUse use) {
-  std::lock_guard<std::mutex> lock(rt->mu);
-  auto it = registry.owner.find(handle);
-  if (it == registry.owner.end()) {
-    return fail(ANYCHIP_ERROR_INVALID_ARGUMENT, gpu(device) + " " + op + ": " + registry.kind +
-                                                    " " + hex(handle) + " is not a live " +
-                                                    registry.kind);
-  }
-  if (use != HandleUse::kAnyDevice && it->second != device) {
-    return fail(ANYCHIP_ERROR_INVALID_ARGUMENT, gpu(device) + " " + op + ": " + registry.kind +
-                                                    " " + hex(handle) + " belongs to " +
-                                                    gpu(it->second));
-  }
-  // Removing under the lock means two racing destroys of one handle cannot both reach CUDA.
-  if (use == HandleUse::kRemove) registry.owner.erase(it);
-  return ANYCHIP_OK;
+AnychipStatus check_handle(AnychipRuntime rt, AnychipHandleKind kind, void* handle, int device, HandleUse use) {
+  return with_book(rt, device, [&] {
+    switch (use) {
+      case HandleUse::kAnyDevice: return anychip_book_check_handle_any(rt->book, kind, handle);
+      // Removed under the lock: two racing destroys of one handle cannot both reach CUDA.
+      case HandleUse::kRemove: return anychip_book_remove_handle(rt->book, kind, device, handle);
+      default: return anychip_book_check_handle(rt->book, kind, device, handle);
+    }
+  });
 }
 
 template <typename Fn>
@@ -300,10 +283,24 @@ AnychipStatus initialize(AnychipRuntime rt) {
     if (!init || init(0) != 0) rt->driver = DriverApi{};
   }
 
+  // CUDA decides what fits (cudaMalloc, cudaMemGetInfo): the book only counts what is live.
+  AnychipBook* book = anychip_book_new("gpu", static_cast<size_t>(count), UINT64_MAX, kMinChunkSize);
+  if (!book) return ANYCHIP_ERROR_INTERNAL;  // the book said why
+  anychip_book_set_initialized(book, 1);
+  rt->book = book;
   rt->device_count = count;
-  rt->memory.assign(count, DeviceMemory{});
   rt->ready.store(true, std::memory_order_release);
   return ANYCHIP_OK;
+}
+
+// What finalize frees: the handles and allocations still live (leaks, best effort).
+void release_handle(void* handle, AnychipHandleKind kind, void* cuda) {
+  const CudaApi& c = *static_cast<const CudaApi*>(cuda);
+  kind == ANYCHIP_HANDLE_STREAM ? c.StreamDestroy(handle) : c.EventDestroy(handle);
+}
+void release_allocation(void* base, int, int host, void* cuda) {
+  const CudaApi& c = *static_cast<const CudaApi*>(cuda);
+  host ? c.FreeHost(base) : c.Free(base);
 }
 
 AnychipStatus finalize(AnychipRuntime rt) {
@@ -317,16 +314,13 @@ AnychipStatus finalize(AnychipRuntime rt) {
     c.SetDevice(device);
     c.DeviceSynchronize();
   }
-  for (const auto& stream : rt->streams.owner) c.StreamDestroy(stream.first);
-  for (const auto& event : rt->events.owner) c.EventDestroy(event.first);
-  for (const DeviceMemory& memory : rt->memory) {
-    for (const auto& allocation : memory.live) c.Free(allocation.first);
+  if (anychip_book_lock(rt->book) == ANYCHIP_OK) {
+    anychip_book_each_handle(rt->book, release_handle, &rt->cuda);
+    anychip_book_each_allocation(rt->book, release_allocation, &rt->cuda);
+    anychip_book_unlock(rt->book, ANYCHIP_OK);
   }
-  for (void* ptr : rt->host_allocations) c.FreeHost(ptr);
-  rt->streams.owner.clear();
-  rt->events.owner.clear();
-  rt->memory.clear();
-  rt->host_allocations.clear();
+  anychip_book_free(rt->book);
+  rt->book = nullptr;
   c.GetLastError();
   return ANYCHIP_OK;
 }
@@ -399,12 +393,12 @@ AnychipStatus device_allocate(AnychipRuntime rt, int device, void** ptr, size_t 
   if (AnychipStatus s = check(rt, err, device, op, "cudaMalloc")) return s;
 
   const uint64_t rounded = (size + kMinChunkSize - 1) / kMinChunkSize * kMinChunkSize;
-  std::lock_guard<std::mutex> lock(rt->mu);
-  DeviceMemory& memory = rt->memory[device];
-  memory.live.emplace(allocation, rounded);
-  memory.allocated += rounded;
-  if (memory.allocated > memory.peak) memory.peak = memory.allocated;
-  ++memory.total;
+  if (AnychipStatus s = with_book(rt, device, [&] {
+        return anychip_book_add(rt->book, device, 0, allocation, size, rounded);
+      })) {
+    rt->cuda.Free(allocation);
+    return s;
+  }
   *ptr = allocation;
   return ANYCHIP_OK;
 }
@@ -412,17 +406,9 @@ AnychipStatus device_allocate(AnychipRuntime rt, int device, void** ptr, size_t 
 AnychipStatus device_free(AnychipRuntime rt, int device, void* ptr) {
   const char* op = "device_free";
   if (AnychipStatus s = enter(rt, device, op)) return s;
-  {
-    // Unregistered before cudaFree so two racing frees of one pointer cannot both reach CUDA.
-    std::lock_guard<std::mutex> lock(rt->mu);
-    DeviceMemory& memory = rt->memory[device];
-    auto it = memory.live.find(ptr);
-    if (it == memory.live.end()) {
-      return fail(ANYCHIP_ERROR_INVALID_ARGUMENT, gpu(device) + " device_free: " + hex(ptr) +
-                                                      " is not a live allocation of this device");
-    }
-    memory.allocated -= it->second;
-    memory.live.erase(it);
+  // Unrecorded before cudaFree so two racing frees of one pointer cannot both reach CUDA.
+  if (AnychipStatus s = with_book(rt, device, [&] { return anychip_book_remove(rt->book, device, 0, ptr, op); })) {
+    return s;
   }
   return check(rt, rt->cuda.Free(ptr), device, op, "cudaFree");
 }
@@ -443,8 +429,12 @@ AnychipStatus host_allocate(AnychipRuntime rt, int device, void** ptr, size_t si
                     " bytes (cudaMallocHost: " + cuda_text(rt, err) + ")");
   }
   if (AnychipStatus s = check(rt, err, device, op, "cudaMallocHost")) return s;
-  std::lock_guard<std::mutex> lock(rt->mu);
-  rt->host_allocations.insert(allocation);
+  if (AnychipStatus s = with_book(rt, device, [&] {
+        return anychip_book_add(rt->book, device, 1, allocation, size, 0);
+      })) {
+    rt->cuda.FreeHost(allocation);
+    return s;
+  }
   *ptr = allocation;
   return ANYCHIP_OK;
 }
@@ -452,12 +442,8 @@ AnychipStatus host_allocate(AnychipRuntime rt, int device, void** ptr, size_t si
 AnychipStatus host_free(AnychipRuntime rt, int device, void* ptr) {
   const char* op = "host_free";
   if (AnychipStatus s = enter(rt, device, op)) return s;
-  {
-    std::lock_guard<std::mutex> lock(rt->mu);
-    if (rt->host_allocations.erase(ptr) == 0) {
-      return fail(ANYCHIP_ERROR_INVALID_ARGUMENT, gpu(device) + " host_free: " + hex(ptr) +
-                                                      " is not a live host allocation");
-    }
+  if (AnychipStatus s = with_book(rt, device, [&] { return anychip_book_remove(rt->book, device, 1, ptr, op); })) {
+    return s;
   }
   return check(rt, rt->cuda.FreeHost(ptr), device, op, "cudaFreeHost");
 }
@@ -510,7 +496,7 @@ AnychipStatus memcpy_d2d(AnychipRuntime rt, int device, void* dst, const void* s
 AnychipStatus copy_async(AnychipRuntime rt, int device, AnychipStream stream, void* dst,
                          const void* src, size_t size, int kind, const char* op) {
   if (AnychipStatus s = enter(rt, device, op)) return s;
-  if (AnychipStatus s = check_handle(rt, rt->streams, stream, device, op, HandleUse::kOwnDevice)) {
+  if (AnychipStatus s = check_handle(rt, ANYCHIP_HANDLE_STREAM, stream, device, HandleUse::kOwnDevice)) {
     return s;
   }
   if (size == 0) return ANYCHIP_OK;
@@ -541,28 +527,16 @@ AnychipStatus memcpy_d2d_async(AnychipRuntime rt, int device, AnychipStream stre
 AnychipStatus memory_stats(AnychipRuntime rt, int device, AnychipMemoryStats* stats) {
   const char* op = "memory_stats";
   if (AnychipStatus s = enter(rt, device, op)) return s;
-  if (AnychipStatus s = require(stats != nullptr, device, op, "stats is NULL")) return s;
-  constexpr size_t kFilled = offsetof(AnychipMemoryStats, total_allocations) +
-                             sizeof(AnychipMemoryStats::total_allocations);
-  if (stats->struct_size < kFilled) {
-    return fail(ANYCHIP_ERROR_INVALID_ARGUMENT,
-                gpu(device) + " memory_stats: stats->struct_size " +
-                    std::to_string(stats->struct_size) + " is below " + std::to_string(kFilled));
-  }
   size_t free_bytes = 0;
   size_t total_bytes = 0;
+  if (AnychipStatus s = with_book(rt, device, [&] { return anychip_book_stats(rt->book, device, stats); })) return s;
+  // The counts are the book's; what is free is CUDA's (other users of the device included).
   if (AnychipStatus s = check(rt, rt->cuda.MemGetInfo(&free_bytes, &total_bytes), device, op,
                               "cudaMemGetInfo")) {
     return s;
   }
-  std::lock_guard<std::mutex> lock(rt->mu);
-  const DeviceMemory& memory = rt->memory[device];
   stats->total_bytes = total_bytes;
   stats->free_bytes = free_bytes;
-  stats->allocated_bytes = memory.allocated;
-  stats->peak_allocated_bytes = memory.peak;
-  stats->num_allocations = memory.live.size();
-  stats->total_allocations = memory.total;
   return ANYCHIP_OK;
 }
 
@@ -577,8 +551,12 @@ AnychipStatus stream_create(AnychipRuntime rt, int device, AnychipStream* stream
                               device, op, "cudaStreamCreateWithFlags")) {
     return s;
   }
-  std::lock_guard<std::mutex> lock(rt->mu);
-  rt->streams.owner.emplace(created, device);
+  if (AnychipStatus s = with_book(rt, device, [&] {
+        return anychip_book_add_handle(rt->book, ANYCHIP_HANDLE_STREAM, device, created);
+      })) {
+    rt->cuda.StreamDestroy(created);
+    return s;
+  }
   *stream = static_cast<AnychipStream>(created);
   return ANYCHIP_OK;
 }
@@ -586,10 +564,10 @@ AnychipStatus stream_create(AnychipRuntime rt, int device, AnychipStream* stream
 AnychipStatus stream_destroy(AnychipRuntime rt, int device, AnychipStream stream) {
   const char* op = "stream_destroy";
   if (AnychipStatus s = enter(rt, device, op)) return s;
-  if (AnychipStatus s = check_handle(rt, rt->streams, stream, device, op, HandleUse::kRemove)) {
+  if (AnychipStatus s = check_handle(rt, ANYCHIP_HANDLE_STREAM, stream, device, HandleUse::kRemove)) {
     return s;
   }
-  // Destroyed even when its work failed: the handle is already gone from the registry.
+  // Destroyed even when its work failed: the handle is already gone from the book.
   AnychipStatus drained =
       check(rt, rt->cuda.StreamSynchronize(stream), device, op, "cudaStreamSynchronize");
   AnychipStatus destroyed =
@@ -600,7 +578,7 @@ AnychipStatus stream_destroy(AnychipRuntime rt, int device, AnychipStream stream
 AnychipStatus stream_query(AnychipRuntime rt, int device, AnychipStream stream) {
   const char* op = "stream_query";
   if (AnychipStatus s = enter(rt, device, op)) return s;
-  if (AnychipStatus s = check_handle(rt, rt->streams, stream, device, op, HandleUse::kOwnDevice)) {
+  if (AnychipStatus s = check_handle(rt, ANYCHIP_HANDLE_STREAM, stream, device, HandleUse::kOwnDevice)) {
     return s;
   }
   return check(rt, rt->cuda.StreamQuery(stream), device, op, "cudaStreamQuery");
@@ -609,7 +587,7 @@ AnychipStatus stream_query(AnychipRuntime rt, int device, AnychipStream stream) 
 AnychipStatus stream_synchronize(AnychipRuntime rt, int device, AnychipStream stream) {
   const char* op = "stream_synchronize";
   if (AnychipStatus s = enter(rt, device, op)) return s;
-  if (AnychipStatus s = check_handle(rt, rt->streams, stream, device, op, HandleUse::kOwnDevice)) {
+  if (AnychipStatus s = check_handle(rt, ANYCHIP_HANDLE_STREAM, stream, device, HandleUse::kOwnDevice)) {
     return s;
   }
   return check(rt, rt->cuda.StreamSynchronize(stream), device, op, "cudaStreamSynchronize");
@@ -630,7 +608,7 @@ AnychipStatus stream_add_callback(AnychipRuntime rt, int device, AnychipStream s
                                   AnychipStreamCallback callback, void* user_data) {
   const char* op = "stream_add_callback";
   if (AnychipStatus s = enter(rt, device, op)) return s;
-  if (AnychipStatus s = check_handle(rt, rt->streams, stream, device, op, HandleUse::kOwnDevice)) {
+  if (AnychipStatus s = check_handle(rt, ANYCHIP_HANDLE_STREAM, stream, device, HandleUse::kOwnDevice)) {
     return s;
   }
   if (AnychipStatus s = require(callback != nullptr, device, op, "callback is NULL")) return s;
@@ -655,8 +633,12 @@ AnychipStatus event_create(AnychipRuntime rt, int device, AnychipEvent* event) {
   if (AnychipStatus s = check(rt, rt->cuda.EventCreate(&created), device, op, "cudaEventCreate")) {
     return s;
   }
-  std::lock_guard<std::mutex> lock(rt->mu);
-  rt->events.owner.emplace(created, device);
+  if (AnychipStatus s = with_book(rt, device, [&] {
+        return anychip_book_add_handle(rt->book, ANYCHIP_HANDLE_EVENT, device, created);
+      })) {
+    rt->cuda.EventDestroy(created);
+    return s;
+  }
   *event = static_cast<AnychipEvent>(created);
   return ANYCHIP_OK;
 }
@@ -665,10 +647,10 @@ AnychipStatus event_record(AnychipRuntime rt, int device, AnychipStream stream,
                            AnychipEvent event) {
   const char* op = "event_record";
   if (AnychipStatus s = enter(rt, device, op)) return s;
-  if (AnychipStatus s = check_handle(rt, rt->streams, stream, device, op, HandleUse::kOwnDevice)) {
+  if (AnychipStatus s = check_handle(rt, ANYCHIP_HANDLE_STREAM, stream, device, HandleUse::kOwnDevice)) {
     return s;
   }
-  if (AnychipStatus s = check_handle(rt, rt->events, event, device, op, HandleUse::kOwnDevice)) {
+  if (AnychipStatus s = check_handle(rt, ANYCHIP_HANDLE_EVENT, event, device, HandleUse::kOwnDevice)) {
     return s;
   }
   return check(rt, rt->cuda.EventRecord(event, stream), device, op, "cudaEventRecord");
@@ -677,7 +659,7 @@ AnychipStatus event_record(AnychipRuntime rt, int device, AnychipStream stream,
 AnychipStatus event_query(AnychipRuntime rt, int device, AnychipEvent event) {
   const char* op = "event_query";
   if (AnychipStatus s = enter(rt, device, op)) return s;
-  if (AnychipStatus s = check_handle(rt, rt->events, event, device, op, HandleUse::kOwnDevice)) {
+  if (AnychipStatus s = check_handle(rt, ANYCHIP_HANDLE_EVENT, event, device, HandleUse::kOwnDevice)) {
     return s;
   }
   return check(rt, rt->cuda.EventQuery(event), device, op, "cudaEventQuery");
@@ -686,7 +668,7 @@ AnychipStatus event_query(AnychipRuntime rt, int device, AnychipEvent event) {
 AnychipStatus event_synchronize(AnychipRuntime rt, int device, AnychipEvent event) {
   const char* op = "event_synchronize";
   if (AnychipStatus s = enter(rt, device, op)) return s;
-  if (AnychipStatus s = check_handle(rt, rt->events, event, device, op, HandleUse::kOwnDevice)) {
+  if (AnychipStatus s = check_handle(rt, ANYCHIP_HANDLE_EVENT, event, device, HandleUse::kOwnDevice)) {
     return s;
   }
   return check(rt, rt->cuda.EventSynchronize(event), device, op, "cudaEventSynchronize");
@@ -695,7 +677,7 @@ AnychipStatus event_synchronize(AnychipRuntime rt, int device, AnychipEvent even
 AnychipStatus event_destroy(AnychipRuntime rt, int device, AnychipEvent event) {
   const char* op = "event_destroy";
   if (AnychipStatus s = enter(rt, device, op)) return s;
-  if (AnychipStatus s = check_handle(rt, rt->events, event, device, op, HandleUse::kRemove)) {
+  if (AnychipStatus s = check_handle(rt, ANYCHIP_HANDLE_EVENT, event, device, HandleUse::kRemove)) {
     return s;
   }
   return check(rt, rt->cuda.EventDestroy(event), device, op, "cudaEventDestroy");
@@ -705,10 +687,10 @@ AnychipStatus stream_wait_event(AnychipRuntime rt, int device, AnychipStream str
                                 AnychipEvent event) {
   const char* op = "stream_wait_event";
   if (AnychipStatus s = enter(rt, device, op)) return s;
-  if (AnychipStatus s = check_handle(rt, rt->streams, stream, device, op, HandleUse::kOwnDevice)) {
+  if (AnychipStatus s = check_handle(rt, ANYCHIP_HANDLE_STREAM, stream, device, HandleUse::kOwnDevice)) {
     return s;
   }
-  if (AnychipStatus s = check_handle(rt, rt->events, event, device, op, HandleUse::kAnyDevice)) {
+  if (AnychipStatus s = check_handle(rt, ANYCHIP_HANDLE_EVENT, event, device, HandleUse::kAnyDevice)) {
     return s;
   }
   return check(rt, rt->cuda.StreamWaitEvent(stream, event, kCudaEventWaitDefault), device, op,
@@ -720,10 +702,10 @@ AnychipStatus event_elapsed_ms(AnychipRuntime rt, int device, AnychipEvent start
   const char* op = "event_elapsed_ms";
   if (AnychipStatus s = enter(rt, device, op)) return s;
   if (AnychipStatus s = require(ms != nullptr, device, op, "ms is NULL")) return s;
-  if (AnychipStatus s = check_handle(rt, rt->events, start, device, op, HandleUse::kOwnDevice)) {
+  if (AnychipStatus s = check_handle(rt, ANYCHIP_HANDLE_EVENT, start, device, HandleUse::kOwnDevice)) {
     return s;
   }
-  if (AnychipStatus s = check_handle(rt, rt->events, end, device, op, HandleUse::kOwnDevice)) {
+  if (AnychipStatus s = check_handle(rt, ANYCHIP_HANDLE_EVENT, end, device, HandleUse::kOwnDevice)) {
     return s;
   }
   return check(rt, rt->cuda.EventElapsedTime(ms, start, end), device, op,
@@ -936,8 +918,7 @@ AnychipStatus enter_comm(AnychipRuntime rt, AnychipComm comm, AnychipStream stre
     }
   }
   if (AnychipStatus s = enter(rt, comm->device, name)) return s;
-  if (AnychipStatus s = check_handle(rt, rt->streams, stream, comm->device, name,
-                                     HandleUse::kOwnDevice)) {
+  if (AnychipStatus s = check_handle(rt, ANYCHIP_HANDLE_STREAM, stream, comm->device, HandleUse::kOwnDevice)) {
     return s;
   }
   *nccl_type = nccl_dtype(dtype);

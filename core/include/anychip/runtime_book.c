@@ -300,6 +300,13 @@ AnychipStatus anychip_book_check_handle(AnychipBook* book, AnychipHandleKind kin
                            device, kind_names[kind], handle, kind_names[kind]);
 }
 
+AnychipStatus anychip_book_check_handle_any(AnychipBook* book, AnychipHandleKind kind, const void* handle) {
+  for (const Handle* h = book->handles; h != NULL; h = h->next)
+    if (h->handle == handle && h->kind == kind) return ANYCHIP_OK;
+  return anychip_book_fail(ANYCHIP_ERROR_INVALID_ARGUMENT, "%s: %s %p is not a live %s", book->name, kind_names[kind],
+                           handle, kind_names[kind]);
+}
+
 AnychipStatus anychip_book_remove_handle(AnychipBook* book, AnychipHandleKind kind, int device, const void* handle) {
   Handle** link = find_handle(book, kind, device, handle);
   if (link == NULL) return anychip_book_check_handle(book, kind, device, handle);

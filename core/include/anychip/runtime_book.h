@@ -7,7 +7,8 @@
  * and are reported by memory_stats; the current device is per thread; every failure leaves a
  * per-thread message for last_error. An AnychipBook keeps all of that, so that a runtime
  * function is: lock the book (which checks the runtime and the device index), check or record
- * through it, make the SDK call, unlock. `anychip new-plugin`'s runtime.c is written this way.
+ * through it, make the SDK call, unlock. `anychip new-plugin`'s runtime.c is written this way,
+ * and so is the gpu plugin's CUDA runtime (plugins/gpu/cuda_runtime.cc).
  *
  * Its source, runtime_book.c, ships beside this header: a plugin compiles it into its runtime
  * library (a file holding `#include "anychip/runtime_book.c"`, as new-plugin's template does);
@@ -113,6 +114,9 @@ void anychip_book_each_allocation(AnychipBook* book, void (*release)(void* base,
 AnychipStatus anychip_book_add_handle(AnychipBook* book, AnychipHandleKind kind, int device, const void* handle);
 /* OK if `handle` is a live handle of `kind` on `device`; else INVALID_ARGUMENT. */
 AnychipStatus anychip_book_check_handle(AnychipBook* book, AnychipHandleKind kind, int device, const void* handle);
+/* OK if `handle` is a live handle of `kind` on any device (CUDA's stream_wait_event may wait on
+ * another device's event); else INVALID_ARGUMENT. */
+AnychipStatus anychip_book_check_handle_any(AnychipBook* book, AnychipHandleKind kind, const void* handle);
 /* anychip_book_check_handle, then unrecords it. */
 AnychipStatus anychip_book_remove_handle(AnychipBook* book, AnychipHandleKind kind, int device, const void* handle);
 /* Calls release(handle, kind, ctx) for every live handle (finalize frees the leaks). */
