@@ -135,7 +135,10 @@ def test_chat_logprobs_streamed_and_not_agree_and_n_gives_several_choices(client
         for choice in chunk.choices:
             if choice.logprobs is not None:
                 streamed.extend(choice.logprobs.content)
-    assert [(e.token, round(e.logprob, 6)) for e in streamed] == [(e.token, round(e.logprob, 6)) for e in content]
+    # the second request finds its prompt cached and feeds its last token through a decode step, not
+    # a prefill pass: the same tokens, log-probabilities equal to float rounding
+    assert [e.token for e in streamed] == [e.token for e in content]
+    np.testing.assert_allclose([e.logprob for e in streamed], [e.logprob for e in content], atol=1e-4)
     three = client.chat.completions.create(model="model", messages=messages, max_tokens=8, temperature=0, n=3)
     assert [c.index for c in three.choices] == [0, 1, 2]
     assert len({c.message.content for c in three.choices}) == 1  # greedy: the same answer three times

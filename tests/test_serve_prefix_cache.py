@@ -251,3 +251,59 @@ def test_paged_blocks_are_read_and_written_on_a_simulated_chip_without_fallback(
     assert [c.tokens for c in got] == [c.tokens for c in want]
     assert engine.metrics.prefix_hit_tokens == expected_hits(prompts) > 0
     assert not {k: v for k, v in anychip.fallback_counts().items() if k[0].startswith(device)}
+
+
+def test_a_prompt_cached_but_for_its_last_tokens_joins_the_decode_batch(long_base):
+    """A request whose prompt the cache holds but for at most ``join_tokens`` tokens runs no
+    prefill pass: it joins the decode batch and feeds those tokens one a step, getting the tokens
+    it gets without the cache. Another request admitted in the same step never reads the blocks
+    such a request is still writing (it offers them only once fed); a longer rest is prefilled."""
+    from anychip_models.llama import LlamaForCausalLM
+    from anychip_models.sampling import SamplingParams
+    from anychip_models.serving.engine import Engine, EngineConfig
+
+    tok = long_base.tokenizer
+    first = tok.encode("one prompt that every later request starts with, word for word")
+    more = tok.encode(" and then some more words at its end")
+    together = [first, first + more[:3], first + more[:4], first + more[:3]]  # rests 1, 3, 4, 3
+    other = tok.encode(" whereas this one goes elsewhere entirely")[:6]
+    assert len(other) == 6 and other[0] != more[0]
+    config = dict(max_batch=4, max_len=256, block_size=4)
+
+    def serve(cache: bool) -> tuple[list[list[int]], list[float], int]:
+        engine = Engine(LlamaForCausalLM(long_base, ("cpu", 0)), tok, EngineConfig(**config, prefix_cache=cache))
+        out, prefill = [], []
+
+        def phase(prompts):
+            done = [threading.Event() for _ in prompts]
+            got = [None] * len(prompts)
+            with engine._cond:  # held while submitting: the engine admits them in one step
+                for i, prompt in enumerate(prompts):
+                    def collect(event, i=i):
+                        if event.kind != "text":
+                            got[i] = event
+                            done[i].set()
+
+                    engine.submit(prompt, SamplingParams(max_new_tokens=8, ignore_eos=True), collect)
+            assert all(d.wait(120) for d in done)
+            assert all(e.kind == "done" for e in got), [e.error for e in got]
+            out.extend(e.completion.tokens for e in got)
+            prefill.append(engine.metrics.prefill_s)
+
+        engine.start()
+        try:
+            phase([first])
+            phase(together)
+            phase([first + other])  # a rest of 6: a prefill pass of its own
+        finally:
+            engine.stop()
+        return out, prefill, engine.metrics.prefix_hit_tokens
+
+    cached, prefill, hits = serve(True)
+    plain, _, _ = serve(False)
+    assert cached == plain
+    assert prefill[1] == prefill[0] > 0  # the joiners ran no prefill pass
+    assert prefill[2] > prefill[1]
+    # every later request resumes after `first` (the last of the four, not after the second's
+    # blocks: it offers them once fed, a step later than this one's admission)
+    assert hits == (len(first) - 1) + 4 * len(first)

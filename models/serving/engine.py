@@ -3,7 +3,10 @@
 Between two decode steps the loop drops cancelled requests, admits waiting ones while a cache row
 and the token budget allow (prefilled together, right-padded, each into its row: the same logits
 bit for bit as alone, tested, and one pass over the weights for all), then decodes one token for
-every running request in one ``decode`` call over their rows. A request leaves the batch the step it
+every running request in one ``decode`` call over their rows. A request whose prompt the cache
+already holds but for its last few tokens skips the prefill pass: it joins the decode batch at
+once and feeds those tokens one a step (a pass of its own costs as much as several steps of
+the whole batch, and stalls it meanwhile). A request leaves the batch the step it
 finishes, and its row is free for the next. The KV cache is paged (:mod:`.blocks`): a row is a
 block table, and a request holds the blocks its tokens fill, taken as it grows, sharing the cached
 blocks of a prompt prefix it has in common with earlier requests; the pool's memory grows with the
@@ -53,6 +56,8 @@ class EngineConfig:
     prefill_tokens: int = 4096            # padded tokens (batch x longest prompt) per prefill pass
     prefix_cache: bool = True             # share the cached blocks of a common prompt prefix
     block_size: int = 32                  # token slots per block of the paged KV cache
+    join_tokens: int = 4                  # a prompt cached but for at most this many tokens feeds them
+                                          # through decode steps instead of a prefill pass
     initial_blocks: int = 16              # blocks the paged cache starts with (it grows as needed)
 
     def validate(self, context: int) -> None:
@@ -118,11 +123,21 @@ class _Running:
         self.rng = np.random.default_rng(handle.params.seed)
         self.unsent: list = []  # token logprobs not yet in an event
         self.texts_sent = False
+        self.feeding = 0  # prompt tokens still to go through decode steps (joined after cached blocks)
 
     @property
     def position(self) -> int:
-        """Where the last sampled token goes in the cache."""
+        """Where the token of the next decode step goes in the cache."""
+        if self.feeding:
+            return len(self.handle.prompt) - self.feeding
         return len(self.handle.prompt) + len(self.seq.out.tokens) - 1
+
+    @property
+    def token(self) -> int:
+        """The next decode step's token: a prompt token still to feed, else the last sampled."""
+        if self.feeding:
+            return self.handle.prompt[-self.feeding]
+        return self.seq.out.tokens[-1]
 
 
 @dataclass
@@ -281,7 +296,7 @@ class Engine:
                         break
                     admitted = self._admit()
                 try:
-                    for group in self._prefill_groups(admitted):
+                    for group in self._prefill_groups(self._join(admitted)):
                         self._prefill(group)
                     self._drop_cancelled()
                     if self._running:
@@ -340,8 +355,33 @@ class Engine:
         own = [pool.allocate() for _ in range(pool.blocks_for(len(prompt)) - len(match.shared))]
         request.table = match.shared + own
         self.cache.set_table(request.row, request.table)
-        if self.config.prefix_cache:
+        if self.config.prefix_cache and not self._joins(request):
             pool.register(prompt, request.table)
+
+    def _joins(self, request: _Running) -> bool:
+        """Whether ``request`` feeds the rest of its prompt through decode steps (it resumes after
+        cached blocks and little is left)."""
+        rest = len(request.handle.prompt) - request.start
+        return request.start > 0 and rest <= self.config.join_tokens
+
+    def _join(self, admitted: list[_Running]) -> list[_Running]:
+        """Sets the admitted requests that join the decode batch feeding; returns the others, to
+        prefill. A joiner offers its prompt's blocks to later requests only once it has fed them
+        (``_decode``): they are written over several steps."""
+        for request in admitted:
+            if self.blocks is not None and self._joins(request):
+                request.feeding = len(request.handle.prompt) - request.start
+                self.metrics.prompt_tokens += len(request.handle.prompt)
+                self.metrics.prefix_hit_tokens += request.start
+        return [r for r in admitted if not r.feeding]
+
+    def _copy_prefix(self, request: _Running) -> None:
+        """Copies the part of a cached block that ``request``'s prompt agrees with into its first
+        own block, once, before anything writes that block."""
+        if request.copy is not None:
+            match, request.copy = request.copy, None
+            self.model.copy_block(self.cache, match.source, request.table[len(match.shared)])
+            self.blocks.copied(match)
 
     def _tensor(self, array):
         return paddle.to_tensor(array, place=place(self.model.device))
@@ -375,10 +415,7 @@ class Engine:
         start = time.perf_counter()
         wanted = group[0].handle.params.prompt_logprobs  # such a request is prefilled alone
         cached = group[0].start  # likewise a request resuming after cached blocks
-        if group[0].copy is not None:  # ... and the part of one that it copies
-            match, group[0].copy = group[0].copy, None
-            self.model.copy_block(self.cache, match.source, group[0].table[len(match.shared)])
-            self.blocks.copied(match)
+        self._copy_prefix(group[0])  # ... and the part of one that it copies
         if cached:
             rest = np.asarray(group[0].handle.prompt[cached:], dtype=np.int64)[None]
             logits = self.model(self._tensor(rest), self._tensor(np.arange(cached, cached + rest.shape[1])[None]),
@@ -405,10 +442,11 @@ class Engine:
         batch = list(self._running)
         if self.blocks is not None:  # a block for each token that starts one
             for r in batch:
+                self._copy_prefix(r)
                 if r.position >= len(r.table) * self.blocks.size:
                     r.table.append(self.blocks.allocate())
                     self.cache.set_table(r.row, r.table)
-        tokens = np.array([r.seq.out.tokens[-1] for r in batch], dtype=np.int64)
+        tokens = np.array([r.token for r in batch], dtype=np.int64)
         positions = np.array([r.position for r in batch], dtype=np.int64)
         start = time.perf_counter()
         logits = self.model.decode(self._tensor(tokens), self._tensor(positions), self.cache, fused=self.fused,
@@ -417,6 +455,12 @@ class Engine:
         self.metrics.decode_steps += 1
         self.metrics.recent.append((time.perf_counter(), len(batch)))
         for request, row in zip(batch, logits):
+            if request.feeding:  # it fed a prompt token: its logits matter after the last one
+                request.feeding -= 1
+                if request.feeding:
+                    continue
+                if self.config.prefix_cache:  # written now
+                    self.blocks.register(request.handle.prompt, request.table)
             self._take_or_fail(request, row)
 
     def _take_or_fail(self, request: _Running, logits: np.ndarray) -> None:
