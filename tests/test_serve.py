@@ -424,3 +424,32 @@ def test_prefill_passes_keep_to_their_token_budget(tiny):
     requests = [_Running(Handle(i, [1] * n, params(2), Collector()), i, tiny[1]) for i, n in enumerate((5, 3, 4, 13))]
     groups = [[len(r.handle.prompt) for r in g] for g in engine._prefill_groups(requests)]
     assert groups == [[3, 4], [5], [13]]  # 3 x 5 = 15 padded tokens would pass 12; 13 goes alone
+
+
+def test_a_burst_of_engine_events_wakes_the_loop_once_and_keeps_their_order():
+    """A decode step delivers one event per stream from the engine's thread: the loop is woken
+    once for them all (each wake-up is a self-pipe write and a GIL hand-over), and every
+    stream's queue gets its events in order."""
+    import asyncio
+
+    from anychip_models.serving.server import _Relay
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        wakes, real = [], loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda *a: (wakes.append(a), real(*a))[1]
+        relay = _Relay(loop)
+        queues = [asyncio.Queue() for _ in range(4)]
+        got = [[] for _ in queues]
+        for burst in range(2):
+            sender = threading.Thread(target=lambda: [relay.put(queues[i % 4], (burst, i)) for i in range(16)])
+            sender.start()
+            sender.join()  # the loop is held meanwhile, as while it writes other streams
+            await asyncio.sleep(0)
+            for q, out in zip(queues, got):
+                while not q.empty():
+                    out.append(q.get_nowait())
+            assert len(wakes) == burst + 1
+        assert got == [[(b, i) for b in range(2) for i in range(16) if i % 4 == j] for j in range(4)]
+
+    asyncio.run(main())

@@ -5,7 +5,7 @@ tokenizer reads), ``/health``, Prometheus ``/metrics`` and the chat page at ``/`
 
 Handlers run on the event loop and never touch the model: they parse and check a request, hand
 it to the :class:`~.engine.Engine`, and relay its events (delivered from the engine's thread
-through ``call_soon_threadsafe``) as one JSON response or as server-sent events. A client that
+through a :class:`_Relay`) as one JSON response or as server-sent events. A client that
 goes away cancels its request, which frees its cache row at the engine's next step.
 """
 
@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import threading
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,12 +81,37 @@ async def _json(request: Request, limit: int):
         raise APIError(400, "the request body is nested too deeply to be a request") from None
 
 
+class _Relay:
+    """Carries events from the engine's thread into one event loop's queues, waking the loop
+    once for the events that arrive together (a decode step's, one per stream) rather than once
+    each: every wake-up is a write to the loop's self-pipe, and the loop then takes the GIL from
+    the engine thread. One a stream took 4% of the engine thread's time at 16 streams."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop, self._lock, self._pending = loop, threading.Lock(), []
+
+    def put(self, queue: asyncio.Queue, item) -> None:
+        """From any thread; raises RuntimeError if the loop has closed."""
+        with self._lock:
+            self._pending.append((queue, item))
+            if len(self._pending) > 1:  # a wake-up is on its way and will take this one too
+                return
+        self._loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for queue, item in pending:
+            queue.put_nowait(item)
+
+
 def create_app(engine: Engine, served: ServedModel, config: ServerConfig | None = None):
     """The server's ASGI app: the routes behind ``config``'s checks (default: loopback only,
     no API key)."""
     config = config or ServerConfig()
     rejected: dict[int, int] = {}
     names = {served.id} | served.aliases
+    relays: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Relay] = weakref.WeakKeyDictionary()
 
     def refuse(e: APIError) -> JSONResponse:
         rejected[e.status] = rejected.get(e.status, 0) + 1
@@ -97,12 +124,13 @@ def create_app(engine: Engine, served: ServedModel, config: ServerConfig | None 
                 check_model(body, served.id, names)
             parsed = parse(body, kind, engine.tokenizer, engine.config.max_len)
             loop = asyncio.get_running_loop()
+            relay = relays.setdefault(loop, _Relay(loop))
             events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
 
             def deliverer(index: int):
                 def deliver(event: Event) -> None:
                     try:
-                        loop.call_soon_threadsafe(events.put_nowait, (index, event))
+                        relay.put(events, (index, event))
                     except RuntimeError:  # the loop has closed: nobody is listening
                         pass
                 return deliver
