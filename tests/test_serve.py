@@ -453,3 +453,22 @@ def test_a_burst_of_engine_events_wakes_the_loop_once_and_keeps_their_order():
         assert got == [[(b, i) for b in range(2) for i in range(16) if i % 4 == j] for j in range(4)]
 
     asyncio.run(main())
+
+
+def test_a_relay_does_not_keep_its_event_loop_alive():
+    import asyncio
+    import gc
+    import weakref
+
+    from anychip_models.serving.server import _Relay
+
+    relays = weakref.WeakKeyDictionary()
+    loop = asyncio.new_event_loop()
+    relay = relays.setdefault(loop, _Relay(loop))
+    gone = weakref.ref(loop)
+    loop.close()
+    del loop
+    gc.collect()
+    assert gone() is None and len(relays) == 0
+    with pytest.raises(RuntimeError):
+        relay.put(asyncio.Queue(), 1)

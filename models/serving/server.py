@@ -88,7 +88,8 @@ class _Relay:
     the engine thread. One a stream took 4% of the engine thread's time at 16 streams."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
-        self._loop, self._lock, self._pending = loop, threading.Lock(), []
+        # weakly: the app keeps its relays by their loop, weakly too, so a closed loop goes
+        self._loop, self._lock, self._pending = weakref.ref(loop), threading.Lock(), []
 
     def put(self, queue: asyncio.Queue, item) -> None:
         """From any thread; raises RuntimeError if the loop has closed."""
@@ -96,7 +97,10 @@ class _Relay:
             self._pending.append((queue, item))
             if len(self._pending) > 1:  # a wake-up is on its way and will take this one too
                 return
-        self._loop.call_soon_threadsafe(self._drain)
+        loop = self._loop()
+        if loop is None:
+            raise RuntimeError("the event loop is gone")
+        loop.call_soon_threadsafe(self._drain)
 
     def _drain(self) -> None:
         with self._lock:
