@@ -355,22 +355,18 @@ class Engine:
         own = [pool.allocate() for _ in range(pool.blocks_for(len(prompt)) - len(match.shared))]
         request.table = match.shared + own
         self.cache.set_table(request.row, request.table)
-        if self.config.prefix_cache and not self._joins(request):
+        # resuming after cached blocks with little left: it joins the decode batch, feeding the
+        # rest a step at a time, and offers its blocks only once it has written them (_decode)
+        rest = len(prompt) - request.start
+        request.feeding = rest if request.start > 0 and rest <= self.config.join_tokens else 0
+        if self.config.prefix_cache and not request.feeding:
             pool.register(prompt, request.table)
 
-    def _joins(self, request: _Running) -> bool:
-        """Whether ``request`` feeds the rest of its prompt through decode steps (it resumes after
-        cached blocks and little is left)."""
-        rest = len(request.handle.prompt) - request.start
-        return request.start > 0 and rest <= self.config.join_tokens
-
     def _join(self, admitted: list[_Running]) -> list[_Running]:
-        """Sets the admitted requests that join the decode batch feeding; returns the others, to
-        prefill. A joiner offers its prompt's blocks to later requests only once it has fed them
-        (``_decode``): they are written over several steps."""
+        """Counts the admitted requests that join the decode batch feeding (see _take_blocks);
+        returns the others, to prefill."""
         for request in admitted:
-            if self.blocks is not None and self._joins(request):
-                request.feeding = len(request.handle.prompt) - request.start
+            if request.feeding:
                 self.metrics.prompt_tokens += len(request.handle.prompt)
                 self.metrics.prefix_hit_tokens += request.start
         return [r for r in admitted if not r.feeding]
