@@ -100,20 +100,31 @@ def make_model(seed: int, formats: dict, bias: bool, cfg=CFG) -> dict:
 
 
 def kernel_inputs(model) -> tuple[list, list]:
-    """The weights in kernel.h's input order, and the attrs."""
+    """The weights in kernel.h's input order, and the attrs (with ``panels``, the quantized
+    LINs' panel forms after their arrays)."""
+    from anychip.ops.decoder import panel_array
+
     cfg, arrays = model["cfg"], []
+
+    def lin(spec):
+        if not (model.get("panels") and spec["fmt"][0] in (4, 8)):
+            return spec["arrays"]
+        return spec["arrays"] + [panel_array(*spec["arrays"])]
+
     for layer in model["layers"]:
         arrays.append(layer["attn_norm"])
-        arrays += layer["qkv"]["arrays"]
+        arrays += lin(layer["qkv"])
         if layer["qkv_bias"] is not None:
             arrays.append(layer["qkv_bias"])
-        arrays += layer["o"]["arrays"] + [layer["ffn_norm"]] + layer["gate_up"]["arrays"] + layer["down"]["arrays"]
-    arrays += [model["final_norm"]] + model["head"]["arrays"]
+        arrays += lin(layer["o"]) + [layer["ffn_norm"]] + lin(layer["gate_up"]) + lin(layer["down"])
+    arrays += [model["final_norm"]] + lin(model["head"])
     attrs = [cfg["L"], cfg["Hq"], cfg["Hk"], cfg["D"], cfg["F"], cfg["eps"], cfg["theta"], float(model["bias"])]
     for kind in KINDS:
         attrs += [float(v) for v in model["formats"][kind]]
     if model.get("x_int8"):
         attrs.append(1.0)
+    if model.get("panels"):
+        attrs += [0.0, 0.0, 0.0, 1.0]  # has_cache_rows, part, layer, then panels
     return arrays, attrs
 
 
@@ -534,7 +545,7 @@ def op_weights(model, device):
     layers = [ops.DecoderLayer(vec(y["attn_norm"]), lin(y["qkv"]), vec(y["qkv_bias"]), lin(y["o"]), vec(y["ffn_norm"]),
                                lin(y["gate_up"]), lin(y["down"])) for y in model["layers"]]
     return ops.DecoderWeights(layers, vec(model["final_norm"]), lin(model["head"]), cfg["Hq"], cfg["Hk"], cfg["eps"],
-                              cfg["theta"], x_int8=bool(model.get("x_int8")))
+                              cfg["theta"], x_int8=bool(model.get("x_int8")), panels=bool(model.get("panels")))
 
 
 def op_step(model, state, device, reference=False):
@@ -621,6 +632,95 @@ def test_op_picks_the_kernel_by_the_caches_dtype(monkeypatch):
 def test_op_x_int8_equals_its_reference(device):
     assert_op_matches_reference(dict(make_model(14, X_INT8_CASES["mixed"], True), x_int8=True), make_state(14),
                                 device)
+
+
+@pytest.mark.parametrize("device", ["cpu", "npu"])
+@pytest.mark.parametrize("name", list(X_INT8_CASES))
+def test_panels_give_the_same_step_bit_for_bit(device, name):
+    """The panel form of the quantized LINs (attr panels) holds W's values in another order: a
+    batch of 9 (past the GEMM's row blocks of 8; V = 100, a last panel of 4 rows) gets the same
+    logits and caches as from qweight, scales and offsets, in 1 thread and 2."""
+    model = dict(make_model(15, X_INT8_CASES[name], True), x_int8=True)
+    state = make_state(15, positions=(15, 1, 7, 0, 3, 9, 12, 5, 2))
+    plain = op_step(model, state, device)
+    weights = op_weights(dict(model, panels=True), device)
+    assert weights.panel_bytes > 0 and weights.named_attrs["panels"] == 1
+    for a, b in zip(plain, op_step(dict(model, panels=True), state, device)):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("name", ["int4-g32-offsets", "mixed"])
+def test_panels_thread_counts_agree_bit_for_bit(name):
+    model = dict(make_model(17, X_INT8_CASES[name], True), x_int8=True)
+    state = make_state(17, positions=tuple(range(1, 16)) + (0, 5))
+    plain = step(model, state)
+    for n in (1, 2, 3):
+        for a, b in zip(plain, step(dict(model, panels=True), state, n)):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("isa", isa_params("avx512"))
+def test_panels_are_what_an_avx512_batch_reads(isa, monkeypatch):
+    """The AVX-512 GEMM of 4+ rows reads the panels, not qweight: with the codes of every
+    panel's first unit set to 0, the logits change (so the tests above compare two paths)."""
+    from anychip.ops import decoder
+
+    monkeypatch.setenv("ANYCHIP_CPU_ISA", isa)
+    model = dict(make_model(18, X_INT8_CASES["int4-g32-offsets"], True), x_int8=True, panels=True)
+    state = make_state(18, positions=(15, 1, 7, 0, 3))
+    good = step(model, state)[0]
+    real = decoder.panel_array
+
+    def corrupt(*arrays):
+        panels = real(*arrays)
+        panels[:, :512] = 0
+        return panels
+
+    monkeypatch.setattr(decoder, "panel_array", corrupt)
+    assert np.abs(step(model, state)[0] - good).max() > 1e-2 * np.abs(good).max()
+
+
+def test_panel_form_is_the_documented_layout():
+    """panel_form against kernel.h's words: byte 4c + j of vector v of unit u of panel t is
+    qweight[16t + c, 32u + 4v + j]; then scales[16t + c, g] at [g][c], then the offsets."""
+    import anychip.ops as ops
+    from anychip.ops import OpArgumentError
+    from anychip.ops.decoder import panel_form
+    from ops_helpers import host, tensor
+
+    rng = np.random.default_rng(3)
+    n, k, groups = 21, 128, 4  # 4 bits: 64 bytes a row, two units; a second panel of 5 rows
+    q = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+    scales, offsets = (rng.standard_normal((n, groups)).astype(np.float32) for _ in range(2))
+    panels = host(panel_form(ops.Linear(tensor(q, "cpu"), tensor(scales, "cpu"), tensor(offsets, "cpu"), 4, 32)))
+    assert panels.dtype == np.uint8 and panels.shape == (2, 16 * 64 + 64 * groups * 2)
+    for t, c, u, v, j in [(0, 0, 0, 0, 0), (0, 5, 1, 7, 3), (1, 4, 1, 2, 1), (1, 3, 0, 6, 2)]:
+        assert panels[t, u * 512 + v * 64 + 4 * c + j] == q[16 * t + c, 32 * u + 4 * v + j]
+    assert not panels[1, 4 * 4 + 5 * 4: 4 * 4 + 5 * 4 + 4].any()  # row 21 of unit 0, vector 0: past N, zero
+    by_group = panels[:, 16 * 64:].copy().view(np.float32).reshape(2, 2, groups, 16)  # [t][scales, offsets][g][c]
+    np.testing.assert_array_equal(by_group[0, 0, 2, 7], scales[7, 2])
+    np.testing.assert_array_equal(by_group[1, 1, 3, 4], offsets[20, 3])
+    with pytest.raises(OpArgumentError, match="panel_form takes a 4- or 8-bit Linear"):
+        panel_form(ops.Linear(tensor(rng.standard_normal((4, 32)).astype(np.float32), "cpu")))
+
+
+def test_panels_are_checked():
+    """panels needs x_int8 (only the int8 products read them); the kernel names a panel input
+    of the wrong shape."""
+    from anychip.ops import OpArgumentError
+
+    model = make_model(16, dict.fromkeys(KINDS, FORMATS["int4-g32-offsets"]), False)
+    with pytest.raises(OpArgumentError, match="panels needs x_int8"):
+        op_weights(dict(model, panels=True), "cpu")
+    x, positions, k_cache, v_cache = make_state(16)
+    weights, attrs = kernel_inputs(dict(model, x_int8=True))
+    attrs += [0.0, 0.0, 0.0, 1.0]  # panels, none given: the first panel input is then layer 0's o weight
+    logits = np.zeros((len(x), CFG["V"]), np.float32)
+    with pytest.raises(RuntimeError, match=r"layers\[0\]\.qkv\.panels must be uint8 \[16, 1536\]"):
+        run_kernel([x, positions] + weights, [logits, k_cache, v_cache], attrs)
+    attrs[23] = 0.0  # x_int8
+    with pytest.raises(RuntimeError, match="panels must be 0 or 1, and 1 only with x_int8 = 1"):
+        run_kernel([x, positions] + weights, [logits, k_cache, v_cache], attrs)
 
 
 def test_op_without_a_kernel_runs_its_reference_counted(monkeypatch):

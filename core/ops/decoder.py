@@ -23,7 +23,7 @@ import numpy as np
 from ..dtypes import FLOATS
 from . import checks
 from .attention import reference_attention
-from .dispatch import OpImpl, attrs, descriptor, device_label, device_of, empty, launch, paddle, run
+from .dispatch import OpImpl, attrs, descriptor, device_label, device_of, empty, launch, paddle, place, run
 from .quant import dequantize, quantize_x_int8, x_int8_fits, x_int8_run
 from .rotary import _Rotary
 
@@ -98,11 +98,14 @@ class DecoderWeights:
     one device, float32 norms and biases, and each kind of Linear in one format across layers.
     ``eps`` is the RMSNorms' epsilon, ``theta`` the RoPE base. ``x_int8``: the quantized Linears
     take their input quantized to int8 per run (as weight_only_linear's x_int8; faster,
-    ~5e-3 relative error per product; their K and group_size must be multiples of 32). The
+    ~5e-3 relative error per product; their K and group_size must be multiples of 32).
+    ``panels`` (x_int8 only): each 4- or 8-bit Linear also gets its panel form (:func:`panel_form`,
+    a second copy of its bytes, ``panel_bytes`` in all), which the step reads for many sequences
+    at a time instead of gathering W's rows into that order at every launch (same results). The
     tensors must not be replaced or resized while this object is in use."""
 
     def __init__(self, layers, final_norm, head: Linear, num_heads: int, num_kv_heads: int, eps: float = 1e-5,
-                 theta: float = 10000.0, x_int8: bool = False):
+                 theta: float = 10000.0, x_int8: bool = False, panels: bool = False):
         layers = list(layers)
         if not layers:
             _fail("layers is empty")
@@ -113,7 +116,10 @@ class DecoderWeights:
             _fail(f"num_heads ({num_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})")
         if not eps > 0 or not theta > 0:
             _fail(f"eps and theta must be > 0, got {eps}, {theta}")
-        self.x_int8 = bool(x_int8)
+        self.x_int8, self.panels = bool(x_int8), bool(panels)
+        if self.panels and not self.x_int8:
+            _fail("panels needs x_int8: only the int8 products read them")
+        self.panel_bytes = 0
         self._named = []  # (name, tensor) in launch order, after x and positions
         self._formats = {}
         self.num_layers, self.num_heads, self.num_kv_heads = len(layers), num_heads, num_kv_heads
@@ -171,6 +177,8 @@ class DecoderWeights:
                                      f"{kind}_has_offsets": offsets})
         if self.x_int8:
             self.named_attrs["x_int8"] = 1
+        if self.panels:
+            self.named_attrs["panels"] = 1
         self.attrs = attrs(OP, **self.named_attrs)
         self.layers, self.final_norm, self.head = layers, final_norm, head
 
@@ -179,7 +187,7 @@ class DecoderWeights:
         addresses."""
         layers, final_norm, head = (copy.deepcopy(v, memo) for v in (self.layers, self.final_norm, self.head))
         return DecoderWeights(layers, final_norm, head, self.num_heads, self.num_kv_heads, self.eps, self.theta,
-                              self.x_int8)
+                              self.x_int8, self.panels)
 
     def _vector(self, name, t, size):
         checks.tensor(OP, name, t)
@@ -234,6 +242,42 @@ class DecoderWeights:
             checks.dtype(OP, f"{name}.{part}", t, ("float32",))
             checks.shape(OP, f"{name}.{part}", t, [n, groups], f"group_size={lin.group_size}")
             self._add(f"{name}.{part}", t)
+        if self.panels:
+            panels = panel_form(lin)
+            self.panel_bytes += panels.shape[0] * panels.shape[1]
+            self._add(f"{name}.panels", panels)
+
+
+def panel_form(lin: Linear):
+    """A 4- or 8-bit Linear's panel form (kernel.h's decoder_step, attr ``panels``) on its
+    weight's device: :func:`panel_array` of its tensors."""
+    if lin.bits not in (4, 8):
+        _fail(f"panel_form takes a 4- or 8-bit Linear, got bits {lin.bits}")
+    arrays = [None if t is None else t.numpy() for t in (lin.weight, lin.scales, lin.offsets)]
+    return paddle().to_tensor(panel_array(*arrays), place=place(device_of(lin.weight)))
+
+
+def panel_array(qweight: np.ndarray, scales: np.ndarray, offsets: np.ndarray | None = None) -> np.ndarray:
+    """uint8 [ceil(N / 16), 16 Kb + 64 G (1 + has offsets)] from weight_quantize's qweight
+    [N, Kb] (Kb bytes a row, a multiple of 32) and its scales (and offsets) [N, G]: each panel
+    16 rows' codes, 4 bytes of a row in each dword lane, then their scales and offsets by group
+    (kernel.h's decoder_step says it byte by byte). Rows past N are zeros."""
+    q = np.ascontiguousarray(qweight).view(np.uint8)
+    n, row_bytes = q.shape
+    if row_bytes % 32:
+        _fail(f"a panel form needs W's rows in whole 32-byte units, got {row_bytes} bytes")
+    tiles = -(-n // 16)
+    padded = np.zeros((tiles * 16, row_bytes), np.uint8)
+    padded[:n] = q
+    # [tile, row c, unit u, vector v, byte j] -> [tile, u, v, c, j]
+    parts = [padded.reshape(tiles, 16, row_bytes // 32, 8, 4).transpose(0, 2, 3, 1, 4).reshape(tiles, -1)]
+    for t in (scales, offsets):
+        if t is not None:
+            groups = np.zeros((tiles * 16, t.shape[1]), np.float32)
+            groups[:n] = t
+            by_group = np.ascontiguousarray(groups.reshape(tiles, 16, -1).transpose(0, 2, 1)).reshape(tiles, -1)
+            parts.append(by_group.view(np.uint8))
+    return np.ascontiguousarray(np.concatenate(parts, axis=1))
 
 
 class _DecoderStep(OpImpl):

@@ -98,6 +98,16 @@
  *                  rms_norm(h) * ffn_norm; g, u = split(m W_gate_up^T); h += (silu(g) * u)
  *                  W_down^T. logits = (rms_norm(h) * final_norm) W_head^T. Results must not
  *                  depend on the number of threads.
+ *                  Then optionally panels (absent: 0; 1 needs x_int8 = 1): each 4- or 8-bit LIN
+ *                  has one more input after its offsets (or scales), W's panel form, uint8
+ *                  [ceil(N / 16), 16 Kb + 64 G (1 + has_offsets)] (Kb = W's bytes per row, K/2
+ *                  or K; G groups): panel t holds rows 16t .. 16t + 15 (past N: zeros), first
+ *                  their codes, byte 4c + j of vector v (64 bytes) of unit u being
+ *                  qweight[16t + c, 32u + 4v + j] (u < Kb / 32, v < 8, c < 16, j < 4), then
+ *                  scales[16t + c, g] as float32 at [g][c], then the offsets so. The step may
+ *                  read a LIN's panels instead of qweight, scales and offsets (the same values:
+ *                  results are unchanged), for products of many rows whose tiles would
+ *                  otherwise gather W's rows into this order at every launch.
  */
 /* decoder_step (fused): a Llama-family decode step in one launch, KV cache in place (dtype: the cache's); inputs x, positions, cache_rows?, weights..., outputs logits, k_cache, v_cache */
 #define ANYCHIP_ATTR_DECODER_STEP_L 0  /* the number of layers */
@@ -127,7 +137,8 @@
 #define ANYCHIP_ATTR_DECODER_STEP_HAS_CACHE_ROWS 24  /* 0: row b is sequence b's; 1: cache_rows names them; 2: a paged cache (absent: 0) */
 #define ANYCHIP_ATTR_DECODER_STEP_PART 25  /* 0 the whole step; 1 a layer's attention half, 2 its MLP half, 3 the final norm and head (absent: 0) */
 #define ANYCHIP_ATTR_DECODER_STEP_LAYER 26  /* the layer of parts 1 and 2 (absent: 0) */
-#define ANYCHIP_NUM_ATTRS_DECODER_STEP 27
+#define ANYCHIP_ATTR_DECODER_STEP_PANELS 27  /* 1: each 4- or 8-bit LIN has one more input, its panel form (x_int8 only) (absent: 0) */
+#define ANYCHIP_NUM_ATTRS_DECODER_STEP 28
 
 /*
  * flashmask_attention: q, k, v as attention, startend_row_indices int32[B, Hm, Sk, E]

@@ -62,6 +62,16 @@ decoder_step:    one new token per sequence through L pre-norm decoder layers of
                  rms_norm(h) * ffn_norm; g, u = split(m W_gate_up^T); h += (silu(g) * u)
                  W_down^T. logits = (rms_norm(h) * final_norm) W_head^T. Results must not
                  depend on the number of threads.
+                 Then optionally panels (absent: 0; 1 needs x_int8 = 1): each 4- or 8-bit LIN
+                 has one more input after its offsets (or scales), W's panel form, uint8
+                 [ceil(N / 16), 16 Kb + 64 G (1 + has_offsets)] (Kb = W's bytes per row, K/2
+                 or K; G groups): panel t holds rows 16t .. 16t + 15 (past N: zeros), first
+                 their codes, byte 4c + j of vector v (64 bytes) of unit u being
+                 qweight[16t + c, 32u + 4v + j] (u < Kb / 32, v < 8, c < 16, j < 4), then
+                 scales[16t + c, g] as float32 at [g][c], then the offsets so. The step may
+                 read a LIN's panels instead of qweight, scales and offsets (the same values:
+                 results are unchanged), for products of many rows whose tiles would
+                 otherwise gather W's rows into this order at every launch.
 """
 
 
@@ -195,4 +205,5 @@ DEFINITIONS = [OpDef(
         Attr("has_cache_rows", "0: row b is sequence b's; 1: cache_rows names them; 2: a paged cache", default=0.0),
         Attr("part", "0 the whole step; 1 a layer's attention half, 2 its MLP half, 3 the final norm and head",
              default=0.0),
-        Attr("layer", "the layer of parts 1 and 2", default=0.0)))]
+        Attr("layer", "the layer of parts 1 and 2", default=0.0),
+        Attr("panels", "1: each 4- or 8-bit LIN has one more input, its panel form (x_int8 only)", default=0.0)))]

@@ -49,7 +49,7 @@ struct Format {
 // Walks the inputs in kernel.h's order, checking each; the first mismatch is kept as `error`.
 class Inputs {
  public:
-  Inputs(const AnychipKernelCall* call, bool x_int8) : call_(call), x_int8_(x_int8) {}
+  Inputs(const AnychipKernelCall* call, bool x_int8, bool panels) : call_(call), x_int8_(x_int8), panels_(panels) {}
 
   // The next input if it is a contiguous `dtype` tensor of `shape`, else null. `layer` -1: none.
   const void* take(int layer, const char* name, const char* part, int32_t dtype, std::initializer_list<int64_t> shape) {
@@ -118,6 +118,8 @@ class Inputs {
                                            {n, f.bits == 8 ? k : k / 2}));
     q.scales = floats(layer, name, "scales", {n, q.groups});
     if (f.offsets) q.offsets = floats(layer, name, "offsets", {n, q.groups});
+    if (panels_)
+      q.panels = static_cast<const uint8_t*>(take(layer, name, "panels", ANYCHIP_DTYPE_UINT8, {(n + 15) / 16, q.panel_bytes()}));
     return error.empty();
   }
 
@@ -152,7 +154,7 @@ class Inputs {
   }
 
   const AnychipKernelCall* call_;
-  bool x_int8_;
+  bool x_int8_, panels_;
   int next_ = 0;
 };
 
@@ -351,7 +353,7 @@ ANYCHIP_CPU_KERNEL(decoder_step) {
   constexpr int kFormatAttrs = ANYCHIP_ATTR_DECODER_STEP_X_INT8;  // the attrs every call passes
   if (call->num_attrs < kFormatAttrs || call->num_attrs > ANYCHIP_NUM_ATTRS_DECODER_STEP)
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED,
-                "%s: expected %d attrs (then optionally x_int8, has_cache_rows, part, layer), got %d", kOp, kFormatAttrs,
+                "%s: expected %d attrs (then optionally x_int8, has_cache_rows, part, layer, panels), got %d", kOp, kFormatAttrs,
                 call->num_attrs);
   if (call->num_inputs < 2 || call->num_outputs != 3)
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: expected x, positions, the weights -> logits, k_cache, v_cache", kOp);
@@ -373,6 +375,11 @@ ANYCHIP_CPU_KERNEL(decoder_step) {
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: has_cache_rows must be 0, 1 or 2 (block tables), got %g", kOp,
                 has_rows);
   const bool paged = has_rows == 2.0;
+  const double panels_attr = attr(call, ANYCHIP_ATTR_DECODER_STEP_PANELS, 0.0);
+  if ((panels_attr != 0.0 && panels_attr != 1.0) || (panels_attr == 1.0 && !m.x_int8))
+    return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: panels must be 0 or 1, and 1 only with x_int8 = 1, got %g", kOp,
+                panels_attr);
+  const bool panels = panels_attr == 1.0;
   const double part = attr(call, ANYCHIP_ATTR_DECODER_STEP_PART, 0.0);
   const double part_layer = attr(call, ANYCHIP_ATTR_DECODER_STEP_LAYER, 0.0);
   if (part != 0.0 && part != 1.0 && part != 2.0 && part != 3.0)
@@ -409,7 +416,7 @@ ANYCHIP_CPU_KERNEL(decoder_step) {
   m.v = logits.shape[1];
   const int64_t nqkv = (m.hq + 2 * m.hk) * m.d;
 
-  Inputs ins(call, m.x_int8);
+  Inputs ins(call, m.x_int8, panels);
   const float* x = ins.floats(-1, "x", "", {B, m.c});
   const auto* pos = static_cast<const int64_t*>(ins.take(-1, "positions", "", ANYCHIP_DTYPE_INT64, {B}));
   const auto* given_rows =

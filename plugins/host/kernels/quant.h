@@ -32,8 +32,14 @@ struct QWeight {
   int64_t group = 0;     // elements per scale (K for group_size -1)
   int64_t groups = 0;
   int bits = 8;
+  // Or null: the same W in panel form (kernel.h's decoder_step, attr panels), [ceil(n / 16)]
+  // panels of panel_bytes(): 16 rows' codes with each 4 bytes of a row in its own dword lane,
+  // then their scales and offsets by group, each group's 16 side by side. gemm_int8x reads it
+  // in place of q, scales and offsets.
+  const uint8_t* panels = nullptr;
 
   int64_t row_bytes() const { return bits == 8 ? k : k / 2; }
+  int64_t panel_bytes() const { return 16 * row_bytes() + 64 * groups * (offsets != nullptr ? 2 : 1); }
   // Room for m rows of k at either bit width, so that quantize_x then allocates nothing.
   void reserve(int64_t m, int64_t k);
 
