@@ -83,6 +83,8 @@ def apply_repetition_penalty(logits: np.ndarray, seen: list[int], penalty: float
 
 def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator, seen: list[int]) -> int:
     """One token id from one row of logits [V]."""
+    if params.temperature == 0 and params.repetition_penalty == 1.0:
+        return int(np.argmax(logits))  # the float64 copy below changes no order: ~30 us a row saved
     logits = apply_repetition_penalty(logits.astype(np.float64), seen, params.repetition_penalty)
     if params.temperature == 0:
         return int(np.argmax(logits))

@@ -12,6 +12,10 @@
 // of x go through it in blocks of 8 (rows): for each row and piece, 8 vpdpbusd (x's four codes
 // broadcast) sum in one int32 vector, then one conversion and one FMA by the 16 columns' scales
 // times the run's sx. The weights are read and unpacked once for all rows of x.
+// Where the caller keeps W's panel form (QWeight::panels: kernel.h's decoder_step), the rows
+// read it in place instead (panel_tile): the codes already in this order, the two nibbles of a
+// byte split as each vector is loaded, the scales and offsets laid out by group. Gathering the
+// panels from W's rows at every step took 17% of a 16-request SmolLM2 decode step.
 //
 // SmolLM2's MLP weights ([1536, 576], Q4_1) times 16 rows of x, 2 AMD EPYC (Zen 4) cores:
 // 135-157 GMAC/s here, 74 in gemv_int8x's tiles (33 at one row, where reading W bounds both).

@@ -4,7 +4,8 @@
 // row of W and of x ends in a vpmaddwd, a conversion and an FMA. As in quant_gemm_int8x.cc the
 // lanes here are columns of W instead (8 per vector, each dword lane four consecutive k of its
 // column), so a 32-k piece is one run of x and one group of W for every lane: a panel of 8
-// columns is transposed from W's rows once per call (pack_panel), and every row of x sums each
+// columns is transposed from W's rows once per call (pack_panel), or taken as it is from half of
+// W's own 16-column panel form where the caller keeps one (unpack_panel), and every row of x sums each
 // piece in integers over its 8 code vectors, then one conversion and one FMA by the 8 columns'
 // scales times the run's sx.
 //
@@ -32,7 +33,6 @@ namespace anychip::cpu::quant {
 namespace {
 
 constexpr int64_t kCols = 8;    // columns of W per panel: one per dword lane
-constexpr int64_t kBlock = 64;  // 4 bits: k per 32 bytes of a row, pieces 2b (low nibbles) and 2b + 1 (high)
 constexpr int kRows = 4;        // rows of x per pass over a piece: their sums stay in registers
 
 // Dwords t = 0..7 of 8 columns' 32 bytes (column c's at col[c]) as 8 vectors, vector t holding
@@ -56,6 +56,27 @@ QUANT_AVX2_INLINE void transpose_block(const uint8_t* const (&col)[8], __m256i (
   }
 }
 
+// One 32-byte unit of 8 columns (raw[t]: each column's dword t in its lane) into the panel's
+// pieces: 4 bits, the low nibbles (piece 2u) and the high (2u + 1); 8 bits, piece u's codes
+// then their absolute values (-128 becomes 128, unsigned).
+template <int kBits>
+QUANT_AVX2_INLINE void store_unit(const __m256i (&raw)[8], int64_t u, __m256i* panel) {
+  if (kBits == 4) {
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    __m256i* lo = panel + 2 * u * 8;
+    for (int t = 0; t < 8; ++t) {
+      lo[t] = _mm256_and_si256(raw[t], low4);
+      lo[8 + t] = _mm256_and_si256(_mm256_srli_epi16(raw[t], 4), low4);
+    }
+    return;
+  }
+  __m256i* piece = panel + u * 16;
+  for (int t = 0; t < 8; ++t) {
+    piece[t] = raw[t];
+    piece[8 + t] = _mm256_abs_epi8(raw[t]);
+  }
+}
+
 // Columns n .. n + 7 of W (`live` of them real; the others repeat column n) as a panel: for each
 // 32-k piece p, 8 code vectors (vector t: each column's codes of k 32p + 4t .. + 3 in its lane),
 // for 8 bits then 8 of their absolute values; scale_t[g][c] the scales, offset_t[g][c] the
@@ -63,33 +84,36 @@ QUANT_AVX2_INLINE void transpose_block(const uint8_t* const (&col)[8], __m256i (
 template <int kBits>
 QUANT_AVX2 void pack_panel(const QWeight& w, int64_t n, int64_t live, __m256i* panel, float* scale_t,
                            float* offset_t) {
-  constexpr int kStride = kBits == 4 ? 8 : 16;  // vectors per piece
   panel_scales(w, n, live, kCols, scale_t, offset_t);
   const uint8_t* col[8];
   for (int c = 0; c < 8; ++c) col[c] = w.row(c < live ? n + c : n);
-  const __m256i low4 = _mm256_set1_epi8(0x0f);
   const uint8_t* at[8];
   __m256i raw[8];
-  if (kBits == 4) {
-    for (int64_t k = 0; k < w.k; k += kBlock) {
-      for (int c = 0; c < 8; ++c) at[c] = col[c] + k / 2;
-      transpose_block(at, raw);
-      __m256i* lo = panel + (k / 32) * kStride;
-      for (int t = 0; t < 8; ++t) {
-        lo[t] = _mm256_and_si256(raw[t], low4);
-        lo[kStride + t] = _mm256_and_si256(_mm256_srli_epi16(raw[t], 4), low4);
-      }
-    }
-    return;
-  }
-  for (int64_t k = 0; k < w.k; k += 32) {
-    for (int c = 0; c < 8; ++c) at[c] = col[c] + k;
+  for (int64_t u = 0; u < w.row_bytes() / 32; ++u) {
+    for (int c = 0; c < 8; ++c) at[c] = col[c] + 32 * u;
     transpose_block(at, raw);
-    __m256i* piece = panel + (k / 32) * kStride;
-    for (int t = 0; t < 8; ++t) {
-      piece[t] = raw[t];
-      piece[8 + t] = _mm256_abs_epi8(raw[t]);  // -128 becomes 128, unsigned
+    store_unit<kBits>(raw, u, panel);
+  }
+}
+
+// The same from W's panel form (QWeight::panels), n a multiple of 8: its 16-column panels hold
+// these 8 columns' dwords in one half of every vector, already in place, and their scales and
+// offsets in one half of each group's 16.
+template <int kBits>
+QUANT_AVX2 void unpack_panel(const QWeight& w, int64_t n, __m256i* panel, float* scale_t, float* offset_t) {
+  const uint8_t* form = w.panels + (n / 16) * w.panel_bytes();
+  const int64_t half = n % 16;  // 0 or 8: the first column's lane in the form
+  const float* scales = reinterpret_cast<const float*>(form + 16 * w.row_bytes());
+  for (int64_t g = 0; g < w.groups; ++g)
+    for (int64_t c = 0; c < kCols; ++c) {
+      scale_t[g * kCols + c] = scales[g * 16 + half + c];
+      if (w.offsets != nullptr) offset_t[g * kCols + c] = scales[(w.groups + g) * 16 + half + c];
     }
+  __m256i raw[8];
+  for (int64_t u = 0; u < w.row_bytes() / 32; ++u) {
+    for (int t = 0; t < 8; ++t)
+      raw[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(form + u * 512 + t * 64 + 4 * half));
+    store_unit<kBits>(raw, u, panel);
   }
 }
 
@@ -145,10 +169,14 @@ QUANT_AVX2 void rows(const QWeight& w, const XInt8& x, int64_t i0, const __m256i
 }
 
 template <int kBits>
-QUANT_AVX2 void tile(const QWeight& w, const XInt8& x, int64_t n, int64_t live, __m256i* panel, float* scale_t,
-                     float* offset_t, float* acc, float* y, int64_t ldy) {
-  pack_panel<kBits>(w, n, live, panel, scale_t, offset_t);
-  prefetch_next_panel(w, n, kCols);
+QUANT_AVX2 void tile(const QWeight& w, const XInt8& x, int64_t n, int64_t live, bool from_panels, __m256i* panel,
+                     float* scale_t, float* offset_t, float* acc, float* y, int64_t ldy) {
+  if (from_panels) {
+    unpack_panel<kBits>(w, n, panel, scale_t, offset_t);
+  } else {
+    pack_panel<kBits>(w, n, live, panel, scale_t, offset_t);
+    prefetch_next_panel(w, n, kCols);
+  }
   row_blocks<kRows>(x.m, [&](auto mr, int64_t i0) { rows<kBits, decltype(mr)::value>(w, x, i0, panel, scale_t, offset_t, acc); });
   for (int64_t i = 0; i < x.m; ++i)
     _mm256_maskstore_ps(y + i * ldy + n, avx2::lanes8(static_cast<int>(live)), _mm256_loadu_ps(acc + i * kCols));
@@ -161,12 +189,13 @@ QUANT_AVX2 void gemm_int8x_avx2(const QWeight& w, const XInt8& x, int64_t n0, in
   std::vector<float> offset_t(static_cast<size_t>(w.offsets != nullptr ? w.groups * kCols : 0));
   std::vector<uint8_t> bytes(static_cast<size_t>(w.k / 32 * 16 * 32 + 32));
   auto* panel = reinterpret_cast<__m256i*>((reinterpret_cast<uintptr_t>(bytes.data()) + 31) & ~uintptr_t{31});
+  const bool from_panels = w.panels != nullptr && n0 % kCols == 0;
   for (int64_t n = n0; n < n1; n += kCols) {
     const int64_t live = std::min(kCols, n1 - n);
     if (w.bits == 4) {
-      tile<4>(w, x, n, live, panel, scale_t.data(), offset_t.data(), acc.data(), y, ldy);
+      tile<4>(w, x, n, live, from_panels, panel, scale_t.data(), offset_t.data(), acc.data(), y, ldy);
     } else {
-      tile<8>(w, x, n, live, panel, scale_t.data(), offset_t.data(), acc.data(), y, ldy);
+      tile<8>(w, x, n, live, from_panels, panel, scale_t.data(), offset_t.data(), acc.data(), y, ldy);
     }
   }
 }
