@@ -143,14 +143,15 @@ def test_bf16_serving_answers_concurrent_streams_as_alone(model_dir):
 def test_quantized_weights_decode_batches_with_int8_activations(model_dir, tmp_path_factory):
     """On quantized weights the default server decodes steps of 2+ requests with int8
     activations (the small-GEMM path) and says so; a lone request stays exact, so it answers as
-    --exact-batches does, where concurrent streams each get their text alone."""
+    --exact-batches does, where concurrent streams each get their text alone. Only the default
+    keeps the panel-ordered copy of the weights that those steps read, and /metrics counts it."""
     from training_helpers import anychip
 
     out = tmp_path_factory.mktemp("int8") / "model"  # the name stream_text asks for
     run = anychip("quantize", "--model", model_dir, "--type", "wint4", "--output", out)
     assert run.returncode == 0, run.stderr
     cases = [(QUESTIONS[i], 6 + 5 * i) for i in range(8)]
-    answers = {}
+    answers, panels = {}, {}
     for mode in ("default", "--exact-batches"):
         with Server(out, "cpu", "--max-batch", "8", *([] if mode == "default" else [mode])) as s:
             client = OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
@@ -158,6 +159,8 @@ def test_quantized_weights_decode_batches_with_int8_activations(model_dir, tmp_p
             with ThreadPoolExecutor(8) as pool:
                 together = list(pool.map(lambda case: stream_text(client, *case)[0], cases))
             answers[mode] = alone, together, s.get("/v1/models")["data"][0]["weights"]
+            panels[mode] = metric(s, "anychip_weight_panel_bytes")
+    assert panels["default"] > 0 and panels["--exact-batches"] == 0, panels
     assert answers["default"][0] == answers["--exact-batches"][0]  # one at a time: exact either way
     alone, together, weights = answers["--exact-batches"]
     assert together == alone and len(set(alone)) > 1 and "int8" not in weights

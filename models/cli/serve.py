@@ -95,9 +95,8 @@ def run(args) -> int:
     served = ServedModel(name, {session.model_name, args.model}, session.device, session.simulated, session.weights)
     note = " (simulated: host speed)" if session.simulated else ""
     if session.generator.model.batches_int8():
-        panels = session.generator.model.batch_panel_bytes()
         note += ("; decode steps of 4+ requests take int8 activations (--exact-batches: exact), reading a "
-                 f"panel-ordered copy of the quantized weights ({panels / 2**20:.0f} MiB)")
+                 f"panel-ordered copy of the quantized weights ({engine.panel_bytes / 2**20:.0f} MiB)")
     cache = (f"a paged KV cache of blocks of {config.block_size} tokens, {engine.cache_bytes / 2**20:.0f} MiB now, "
              f"growing as needed up to {engine.fixed_cache_bytes / 2**20:.0f} MiB for {config.max_batch} requests "
              f"of {config.max_len} tokens" if engine.blocks is not None else

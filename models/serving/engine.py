@@ -188,6 +188,8 @@ class Engine:
             limit = c.max_batch * -(-c.max_len // c.block_size)
             self.cache = model.new_paged_cache(c.max_batch, c.max_len, c.block_size, min(limit, c.initial_blocks))
             self.blocks = BlockPool(self.cache, limit)
+        # the panel form that batched int8 steps read, built now rather than at the first one
+        self.panel_bytes = model.batch_panel_bytes() if hasattr(model, "batch_panel_bytes") else 0
         self.metrics = Metrics()
         self._cond = threading.Condition()
         self._waiting: deque[Handle] = deque()
@@ -261,7 +263,8 @@ class Engine:
         with self._cond:
             gauges = {"queue_depth": sum(not h.cancelled for h in self._waiting), "running": len(self._running),
                       "reserved_tokens": sum(r.handle.reserved for r in self._running),
-                      "kv_cache_bytes": self.cache_bytes, "kv_cache_fixed_bytes": self.fixed_cache_bytes}
+                      "kv_cache_bytes": self.cache_bytes, "kv_cache_fixed_bytes": self.fixed_cache_bytes,
+                      "weight_panel_bytes": self.panel_bytes}
             if self.blocks is not None:
                 gauges.update(kv_blocks=self.cache.blocks, kv_blocks_limit=self.blocks.limit,
                               kv_blocks_in_use=self.blocks.in_use, kv_blocks_cached=self.blocks.cached_idle,

@@ -425,6 +425,9 @@ def render_metrics(engine: Engine, served: ServedModel, rejected: dict[int, int]
     metric("kv_cache_fixed_bytes", "gauge",
            "Bytes a cache of max-batch rows of max-len tokens would reserve up front (the paged cache's limit).",
            [({}, now["kv_cache_fixed_bytes"])])
+    metric("weight_panel_bytes", "gauge",
+           "Bytes of the panel-ordered copy of the quantized weights that decode steps of 4+ requests read.",
+           [({}, now["weight_panel_bytes"])])
     if "kv_blocks" in now:
         metric("kv_cache_blocks", "gauge", "Blocks of the paged KV cache, by state.",
                [({"state": "allocated"}, now["kv_blocks"]), ({"state": "in_use"}, now["kv_blocks_in_use"]),
