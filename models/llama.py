@@ -393,7 +393,7 @@ class LlamaForCausalLM(paddle.nn.Layer):
         """The fused step's weights, described once per activation mode (``x_int8`` None: the
         model's own, as one sequence's step takes it). The two share every tensor; with
         ``batch_int8`` the batched steps' weights add the panel form of the quantized ones (a
-        second copy of their bytes, which their products read as they are: 10% of a 16-sequence
+        second copy of their bytes, which their products read as they are: 17% of a 16-sequence
         SmolLM2 step on 2 Zen 4 cores went to gathering W's rows into that order)."""
         x_int8 = self.int8_step(1) if x_int8 is None else x_int8
         if x_int8 not in self._fused:

@@ -119,7 +119,8 @@ class Inputs {
     q.scales = floats(layer, name, "scales", {n, q.groups});
     if (f.offsets) q.offsets = floats(layer, name, "offsets", {n, q.groups});
     if (panels_)
-      q.panels = static_cast<const uint8_t*>(take(layer, name, "panels", ANYCHIP_DTYPE_UINT8, {(n + 15) / 16, q.panel_bytes()}));
+      q.panels = static_cast<const uint8_t*>(
+          take(layer, name, "panels", ANYCHIP_DTYPE_UINT8, {(n + 15) / 16, q.panel_bytes()}));
     return error.empty();
   }
 
@@ -353,8 +354,8 @@ ANYCHIP_CPU_KERNEL(decoder_step) {
   constexpr int kFormatAttrs = ANYCHIP_ATTR_DECODER_STEP_X_INT8;  // the attrs every call passes
   if (call->num_attrs < kFormatAttrs || call->num_attrs > ANYCHIP_NUM_ATTRS_DECODER_STEP)
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED,
-                "%s: expected %d attrs (then optionally x_int8, has_cache_rows, part, layer, panels), got %d", kOp, kFormatAttrs,
-                call->num_attrs);
+                "%s: expected %d attrs (then optionally x_int8, has_cache_rows, part, layer, panels), got %d", kOp,
+                kFormatAttrs, call->num_attrs);
   if (call->num_inputs < 2 || call->num_outputs != 3)
     return fail(call, ANYCHIP_ERROR_UNSUPPORTED, "%s: expected x, positions, the weights -> logits, k_cache, v_cache", kOp);
   Model m;

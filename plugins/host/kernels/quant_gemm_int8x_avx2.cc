@@ -4,10 +4,10 @@
 // row of W and of x ends in a vpmaddwd, a conversion and an FMA. As in quant_gemm_int8x.cc the
 // lanes here are columns of W instead (8 per vector, each dword lane four consecutive k of its
 // column), so a 32-k piece is one run of x and one group of W for every lane: a panel of 8
-// columns is transposed from W's rows once per call (pack_panel), or taken as it is from half of
-// W's own 16-column panel form where the caller keeps one (unpack_panel), and every row of x sums each
-// piece in integers over its 8 code vectors, then one conversion and one FMA by the 8 columns'
-// scales times the run's sx.
+// columns is transposed from W's rows once per call (pack_panel), or taken as it is from half
+// of W's own 16-column panel form where the caller keeps one (unpack_panel), and every row of x
+// sums each piece in integers over its 8 code vectors, then one conversion and one FMA by the 8
+// columns' scales times the run's sx.
 //
 // 4 bits: vpmaddubsw of the codes q + 8 (unsigned) and x's four codes broadcast (signed), summed
 // in int16 over the piece (at most 8 * 2 * 15 * 127 = 30480, no saturation), one vpmaddwd, and
